@@ -1,0 +1,155 @@
+"""``layernorm check``: gradient checks of the reference on a few shapes and dtypes.
+
+float64 is checked by finite differences (:func:`layernorm.check_vjp`, fast and full
+modes). Lower precisions are checked against the float64 reference on the same rounded
+inputs, with the tolerances of :mod:`layernorm.tolerances`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .gradcheck import GradcheckError, check_vjp
+from .reference import layer_norm_backward, layer_norm_forward
+from .tolerances import tolerance
+
+SHAPES: tuple[tuple[int, ...], ...] = ((8, 64), (4, 16, 128), (2, 3, 5, 33), (6, 1))
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    shape: tuple[int, ...]
+    dtype: str
+    method: str
+    max_abs_err: float
+    max_rel_err: float
+    tolerance: str
+    seconds: float
+    passed: bool
+    detail: str = ""
+
+
+def _fwd(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    return layer_norm_forward(x, gamma, beta)[0]
+
+
+def _vjp(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, dy: np.ndarray) -> tuple:
+    return layer_norm_backward(dy, layer_norm_forward(x, gamma, beta)[1])
+
+
+def _inputs(shape: tuple[int, ...], seed: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    d = shape[-1]
+    x = rng.standard_normal(shape) * 2.0 + 0.5
+    return x, rng.standard_normal(d), rng.standard_normal(d), rng.standard_normal(shape)
+
+
+def _gradcheck_row(shape: tuple[int, ...], mode: str, seed: int) -> CheckRow:
+    x, gamma, beta, _ = _inputs(shape, seed)
+    t0 = time.perf_counter()
+    try:
+        rep = check_vjp(_fwd, _vjp, (x, gamma, beta), mode=mode, seed=seed,
+                        names=("x", "gamma", "beta"))
+    except GradcheckError as exc:
+        return CheckRow(shape, "float64", f"finite differences ({mode})", abs(exc.numerical - exc.analytic),
+                        float("nan"), f"{exc.tolerance:.1e}", time.perf_counter() - t0, False, str(exc))
+    tol = max(a.tolerance for a in rep.args)
+    return CheckRow(shape, "float64", f"finite differences ({mode})", rep.max_abs_err,
+                    rep.max_rel_err, f"{tol:.1e}", time.perf_counter() - t0, True)
+
+
+def _cast(a: np.ndarray, dtype_name: str) -> np.ndarray:
+    if dtype_name == "bfloat16":
+        import ml_dtypes
+
+        return a.astype(ml_dtypes.bfloat16)
+    return a.astype(dtype_name)
+
+
+def _dtype_row(shape: tuple[int, ...], dtype_name: str, seed: int) -> CheckRow:
+    x, gamma, beta, dy = (_cast(a, dtype_name) for a in _inputs(shape, seed))
+    t0 = time.perf_counter()
+    y, cache = layer_norm_forward(x, gamma, beta)
+    got = (y, *layer_norm_backward(dy, cache))
+    x64, g64, b64, dy64 = (a.astype(np.float64) for a in (x, gamma, beta, dy))
+    y64, cache64 = layer_norm_forward(x64, g64, b64)
+    want = (y64, *layer_norm_backward(dy64, cache64))
+    max_abs = max_rel = 0.0
+    passed = True
+    for i, (a, b) in enumerate(zip(got, want)):
+        tol = tolerance(dtype_name, "out" if i < 2 else "param")
+        err = np.abs(a.astype(np.float64) - b)
+        passed &= bool(np.all(err <= tol.atol + tol.rtol * np.abs(b)))
+        max_abs = max(max_abs, float(err.max()))
+        # normwise: relative to the largest |reference| value of this output
+        max_rel = max(max_rel, float(err.max() / max(float(np.abs(b).max()), 1e-300)))
+    t = tolerance(dtype_name, "out")
+    return CheckRow(shape, dtype_name, "vs float64 reference", max_abs, max_rel,
+                    f"{t.atol:.0e}+{t.rtol:.0e}|ref|", time.perf_counter() - t0, passed)
+
+
+def _dtypes() -> list[str]:
+    names = ["float32", "float16"]
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return names
+    return [*names, "bfloat16"]
+
+
+def run_checks(seed: int = 0) -> list[CheckRow]:
+    """Every check row; none raises: a failure is a row with ``passed=False``."""
+    rows = []
+    for shape in SHAPES:
+        rows.append(_gradcheck_row(shape, "fast", seed))
+        rows.append(_gradcheck_row(shape, "full", seed))
+        rows.extend(_dtype_row(shape, name, seed) for name in _dtypes())
+    return rows
+
+
+def format_table(rows: list[CheckRow], markdown: bool = False) -> str:
+    head = ["shape", "dtype", "check", "max abs err", "max rel err", "tolerance", "s", "result"]
+    body = [
+        [str(r.shape), r.dtype, r.method, f"{r.max_abs_err:.2e}", f"{r.max_rel_err:.2e}",
+         r.tolerance, f"{r.seconds:.2f}", "pass" if r.passed else "FAIL"]
+        for r in rows
+    ]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        return "\n".join(lines)
+    widths = [max(len(c[i]) for c in [head, *body]) for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(fmt.format(*row) for row in [head, ["-" * w for w in widths], *body])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = run_checks(args.seed)
+    print(format_table(rows))
+    for r in rows:
+        if not r.passed:
+            print(f"\nFAIL {r.shape} {r.dtype} {r.method}: {r.detail}")
+    failed = sum(not r.passed for r in rows)
+    print(f"\n{len(rows) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def report_section(ctx: object) -> str:
+    rows = run_checks()
+    failed = sum(not r.passed for r in rows)
+    return (
+        "Gradients of the NumPy reference checked by central differences in float64 "
+        "(`check_vjp`, fast and full modes), and each lower precision against the float64 "
+        "reference on the same rounded inputs (tolerances from `layernorm.tolerances`). "
+        "Reproduce with `layernorm check`.\n\n"
+        + format_table(rows, markdown=True)
+        + f"\n\n**{len(rows) - failed} passed, {failed} failed.**\n"
+    )

@@ -1,0 +1,39 @@
+"""The ``layernorm`` command: one sub-command per module, each with ``add_arguments`` and ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> module; the module's docstring's first line is the command's help.
+COMMANDS: dict[str, str] = {
+    "check": "layernorm.check",
+    "report": "layernorm.report",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="layernorm",
+        description="Layer normalization: reference, gradient checks, numerics, fused kernels.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        mod = importlib.import_module(module)
+        summary = (mod.__doc__ or "").strip().splitlines()[0]
+        p = sub.add_parser(name, help=summary, description=mod.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
