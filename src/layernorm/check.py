@@ -55,8 +55,9 @@ def _gradcheck_row(shape: tuple[int, ...], mode: str, seed: int) -> CheckRow:
         rep = check_vjp(_fwd, _vjp, (x, gamma, beta), mode=mode, seed=seed,
                         names=("x", "gamma", "beta"))
     except GradcheckError as exc:
-        return CheckRow(shape, "float64", f"finite differences ({mode})", abs(exc.numerical - exc.analytic),
-                        float("nan"), f"{exc.tolerance:.1e}", time.perf_counter() - t0, False, str(exc))
+        return CheckRow(shape, "float64", f"finite differences ({mode})",
+                        abs(exc.numerical - exc.analytic), float("nan"), f"{exc.tolerance:.1e}",
+                        time.perf_counter() - t0, False, str(exc))
     tol = max(a.tolerance for a in rep.args)
     return CheckRow(shape, "float64", f"finite differences ({mode})", rep.max_abs_err,
                     rep.max_rel_err, f"{tol:.1e}", time.perf_counter() - t0, True)
@@ -80,7 +81,7 @@ def _dtype_row(shape: tuple[int, ...], dtype_name: str, seed: int) -> CheckRow:
     want = (y64, *layer_norm_backward(dy64, cache64))
     max_abs = max_rel = 0.0
     passed = True
-    for i, (a, b) in enumerate(zip(got, want)):
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
         tol = tolerance(dtype_name, "out" if i < 2 else "param")
         err = np.abs(a.astype(np.float64) - b)
         passed &= bool(np.all(err <= tol.atol + tol.rtol * np.abs(b)))

@@ -1,4 +1,4 @@
-"""The ``layernorm`` command: one sub-command per module, each with ``add_arguments`` and ``run``."""
+"""The ``layernorm`` command: one sub-command per module, with ``add_arguments`` and ``run``."""
 
 from __future__ import annotations
 

@@ -109,9 +109,10 @@ class _Problem:
     def vjp(self, v: np.ndarray) -> list:
         grads = self.f_vjp(*self.args, v)
         if not isinstance(grads, (tuple, list)) or len(grads) != len(self.args):
+            n = len(grads) if hasattr(grads, "__len__") else "?"
             raise TypeError(
                 f"f_vjp must return a tuple with one gradient per argument ({len(self.args)}), "
-                f"got {type(grads).__name__} of length {len(grads) if hasattr(grads, '__len__') else '?'}"
+                f"got {type(grads).__name__} of length {n}"
             )
         return list(grads)
 

@@ -1,0 +1,70 @@
+"""The layernorm command: check's table and exit code, the report file, python -m."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+from layernorm import check, cli, report
+
+
+def test_check_passes_and_prints_table(capsys):
+    """Protects `layernorm check`: exit 0 and one passing row per shape and check."""
+    assert cli.main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert "finite differences (fast)" in out and "float16" in out
+    assert "FAIL" not in out
+    assert f"{len(check.run_checks())} passed, 0 failed" in out
+
+
+def test_check_exits_1_on_a_broken_backward(monkeypatch, capsys):
+    """Protects the exit code: a planted backward bug makes `layernorm check` fail."""
+    real = check.layer_norm_backward
+
+    def broken(dy, cache):
+        dx, dg, db = real(dy, cache)
+        return dx * 1.01, dg, db
+
+    monkeypatch.setattr(check, "layer_norm_backward", broken)
+    assert cli.main(["check"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "gradient check failed for x" in out
+
+
+def test_report_writes_markdown(tmp_path, monkeypatch):
+    """Protects `layernorm report`: a README.md with the machine table and each section."""
+    monkeypatch.setattr(report, "SECTIONS", [("Gradient checks", "layernorm.check:report_section")])
+    assert cli.main(["report", "--out", str(tmp_path), "--quick"]) == 0
+    text = (tmp_path / "README.md").read_text()
+    assert text.startswith("# layernorm report")
+    assert "| numpy | " + np.__version__ + " |" in text
+    assert "## Gradient checks" in text and "0 failed" in text
+
+
+def test_every_report_section_and_command_resolves():
+    """Protects the registries: every listed section and command imports and is callable."""
+    import importlib
+
+    for _, spec in report.SECTIONS:
+        module, func = spec.split(":")
+        assert callable(getattr(importlib.import_module(module), func))
+    parser = cli.build_parser()
+    for name in cli.COMMANDS:
+        assert parser.parse_args([name]).command == name
+
+
+def test_python_dash_m():
+    """Protects `python -m layernorm`, the same entry point as the console script."""
+    res = subprocess.run([sys.executable, "-m", "layernorm", "--help"], capture_output=True,
+                         text=True, check=False)
+    assert res.returncode == 0 and "check" in res.stdout and "report" in res.stdout
+
+
+def test_import_needs_numpy_only():
+    """Protects the layering: `import layernorm` loads neither numba, torch nor triton."""
+    code = ("import sys, layernorm; bad = [m for m in ('numba', 'torch', 'triton', 'mpmath', "
+            "'matplotlib') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -1,0 +1,90 @@
+"""Bad input raises ValueError/TypeError naming the argument; nothing is modified."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import layernorm as ln
+
+X = np.random.default_rng(0).standard_normal((3, 4))
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"gamma": np.ones(5)}, ValueError, r"gamma must have shape \(4,\)"),
+        ({"beta": np.ones((1, 4))}, ValueError, r"beta must have shape \(4,\)"),
+        ({"gamma": np.ones(4, dtype=np.int64)}, TypeError, "gamma must have a floating dtype"),
+        ({"beta": np.ones(4, dtype=bool)}, TypeError, "beta must have a floating dtype"),
+        ({"eps": 0.0}, ValueError, "eps must be a finite positive"),
+        ({"eps": -1e-5}, ValueError, "eps must be a finite positive"),
+        ({"eps": float("nan")}, ValueError, "eps must be a finite positive"),
+        ({"eps": float("inf")}, ValueError, "eps must be a finite positive"),
+        ({"eps": "1e-5"}, TypeError, "eps must be a real number"),
+        ({"eps": True}, TypeError, "eps must be a real number"),
+        ({"eps": None}, TypeError, "eps must be a real number"),
+    ],
+)
+def test_bad_parameters(kwargs, exc, match):
+    """Protects: wrong gamma/beta shapes and dtypes, and eps that is not finite positive."""
+    with pytest.raises(exc, match=match):
+        ln.layer_norm_forward(X, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "x,exc,match",
+    [
+        (np.float64(1.0), ValueError, "x must have at least one axis"),
+        (np.ones((3, 0)), ValueError, r"x must have a non-empty last axis"),
+        (np.ones((2, 3), dtype=np.int32), TypeError, "x must have a floating dtype"),
+        (np.ones((2, 3), dtype=bool), TypeError, "x must have a floating dtype"),
+        (np.ones((2, 3), dtype=complex), TypeError, "x must have a floating dtype"),
+        (np.ones((2, 3), dtype=object), TypeError, "x must have a floating dtype"),
+        ([[1, 2], [3]], TypeError, "x must be array-like"),
+    ],
+)
+def test_bad_x(x, exc, match):
+    """Protects: scalars, D = 0 and non-floating dtypes are refused with a named error."""
+    with pytest.raises(exc, match=match):
+        ln.layer_norm_forward(x)
+
+
+def test_bad_dy_and_cache():
+    """Protects the backward: dy of another shape or dtype kind, or a foreign cache."""
+    y, cache = ln.layer_norm_forward(X, np.ones(4), np.zeros(4))
+    with pytest.raises(ValueError, match=r"dy must have the shape of the forward's x"):
+        ln.layer_norm_backward(np.ones((3, 5)), cache)
+    with pytest.raises(ValueError, match=r"dy must have the shape"):
+        ln.layer_norm_backward(np.ones((4, 3)), cache)
+    with pytest.raises(TypeError, match="dy must have a floating dtype"):
+        ln.layer_norm_backward(np.ones((3, 4), dtype=np.int64), cache)
+    with pytest.raises(TypeError, match="cache must be the LayerNormCache"):
+        ln.layer_norm_backward(np.ones((3, 4)), {"xhat": None})
+    _, other = ln.layer_norm_forward(np.ones((2, 4)))
+    with pytest.raises(ValueError, match="another call"):
+        ln.layer_norm_backward(np.ones((3, 4)), other)
+
+
+def test_lists_are_accepted_and_inputs_never_modified():
+    """Protects array-likes and the caller's data, including read-only inputs."""
+    x = X.copy()
+    x.setflags(write=False)
+    g = np.ones(4)
+    g.setflags(write=False)
+    y, cache = ln.layer_norm_forward(x, g, None)
+    dy = np.ones_like(y)
+    dy.setflags(write=False)
+    ln.layer_norm_backward(dy, cache)
+    np.testing.assert_array_equal(x, X)
+    y_list, _ = ln.layer_norm_forward(X.tolist())
+    np.testing.assert_allclose(y_list, ln.layer_norm_forward(X)[0], atol=0, rtol=0)
+
+
+def test_empty_leading_axis_is_fine():
+    """Protects M = 0: no rows is a valid batch, not an error."""
+    y, cache = ln.layer_norm_forward(np.ones((0, 4)), np.ones(4), np.zeros(4))
+    dx, dg, db = ln.layer_norm_backward(np.ones((0, 4)), cache)
+    assert y.shape == dx.shape == (0, 4)
+    np.testing.assert_array_equal(dg, np.zeros(4))
+    np.testing.assert_array_equal(db, np.zeros(4))
