@@ -99,3 +99,18 @@ def test_bad_arguments():
         cost.cost("fwd", 1, 1, 3)
     with pytest.raises(ValueError, match="D >= 1"):
         cost.cost("fwd", 1, 0, 4)
+
+
+def test_cost_command_prints_the_model(capsys):
+    """Protects `layernorm cost`: one row per shape, dtype and pass, figures from the model."""
+    from layernorm import cli
+
+    assert cli.main(["cost", "--shape", "8x512x768", "--dtype", "float32", "--bandwidth",
+                     "40"]) == 0
+    out = capsys.readouterr().out
+    c = cost.cost("fwd", 4096, 768, 4)
+    assert f"| 8x512x768 | float32 | fwd | {c.flops / 1e9:.3f} |" in out
+    assert f"{c.roofline_seconds(40e9) * 1e3:.3f}" in out
+    assert out.count("| 8x512x768 |") == 2
+    with pytest.raises(ValueError, match="shape must look like"):
+        cost.table(["4096 by 1024"], ["float32"], None)

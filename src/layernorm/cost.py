@@ -1,4 +1,6 @@
-"""Cost model of layer norm: FLOPs, bytes moved, memory held, roofline time (pure Python).
+"""Cost model: FLOPs, bytes moved, memory held and roofline time of layer norm (pure Python).
+
+``layernorm cost`` prints the model for given shapes and dtypes.
 
 For M rows of length D, elements of ``itemsize`` bytes, statistics in a compute dtype of
 ``compute_itemsize`` bytes (4 for float16/bfloat16/float32 inputs, 8 for float64):
@@ -25,6 +27,7 @@ the figure of merit of a kernel is its achieved bandwidth over the minimal bytes
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 __all__ = [
@@ -229,3 +232,58 @@ def cost(
         cache_bytes=(M * D + M) * cs,
         reference_peak_bytes=_reference_peak(pass_, M, D, itemsize, gamma),
     )
+
+
+def _parse_shape(text: str) -> tuple[int, int]:
+    """'MxD' or 'AxBxD' (leading axes multiply into M) -> (M, D)."""
+    try:
+        dims = [int(t) for t in text.lower().split("x")]
+    except ValueError:
+        raise ValueError(f"shape must look like 4096x1024, got {text!r}") from None
+    if len(dims) < 2 or any(v < 1 for v in dims):
+        raise ValueError(f"shape needs at least two positive sizes, e.g. 4096x1024; got {text!r}")
+    m = 1
+    for v in dims[:-1]:
+        m *= v
+    return m, dims[-1]
+
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None) -> str:
+    """The model's figures as a Markdown table, one row per shape, dtype and pass."""
+    head = ["shape", "dtype", "pass", "GFLOP", "minimal MB", "reference MB", "ref/minimal",
+            "cache MB", "peak MB", "FLOP/byte"]
+    if bandwidth_gbs:
+        head.append(f"roofline ms @ {bandwidth_gbs:g} GB/s")
+    rows = []
+    for shape in shapes:
+        m, d = _parse_shape(shape)
+        for dtype in dtypes:
+            for p in ("fwd", "bwd"):
+                c = cost(p, m, d, _ITEMSIZE[dtype])
+                row = [shape, dtype, p, f"{c.flops / 1e9:.3f}", f"{c.minimal_bytes / 1e6:.1f}",
+                       f"{c.reference_bytes / 1e6:.1f}", f"{c.reference_traffic_ratio:.1f}",
+                       f"{c.cache_bytes / 1e6:.1f}" if p == "fwd" else "-",
+                       f"{c.reference_peak_bytes / 1e6:.1f}", f"{c.intensity:.2f}"]
+                if bandwidth_gbs:
+                    row.append(f"{c.roofline_seconds(bandwidth_gbs * 1e9) * 1e3:.3f}")
+                rows.append(row)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shape", action="append", help="MxD (repeatable); default 3 shapes")
+    parser.add_argument("--dtype", action="append", choices=sorted(_ITEMSIZE),
+                        help="repeatable; default float32 and bfloat16")
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="GB/s for the roofline column (e.g. the copy bandwidth from "
+                             "`layernorm bench`)")
+
+
+def run(args: argparse.Namespace) -> int:
+    shapes = args.shape or ["4096x768", "4096x4096", "64x65536"]
+    print(table(shapes, args.dtype or ["float32", "bfloat16"], args.bandwidth))
+    return 0
