@@ -12,6 +12,7 @@ COMMANDS: dict[str, str] = {
     "check": "layernorm.check",
     "cost": "layernorm.cost",
     "report": "layernorm.report",
+    "stability": "layernorm.stability",
 }
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 # (title, "module:function"), in the order they appear in the report.
 SECTIONS: list[tuple[str, str]] = [
     ("Gradient checks", "layernorm.check:report_section"),
+    ("Numerical stability", "layernorm.stability:report_section"),
 ]
 
 

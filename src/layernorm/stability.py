@@ -1,0 +1,459 @@
+"""Measure layer norm's numerical error against exact answers: the adversarial suite.
+
+Four tables, every error normwise, max|got - exact|/max|exact| (ulps: in the output dtype at
+max|exact|), against the exact oracle (:func:`layernorm.numerics.exact_layer_norm`, integer
+arithmetic) unless the oracle column says otherwise:
+
+1. Variance algorithms: the error of xhat = ((x - mean) - mean_lo)/sqrt(var + eps) when each
+   algorithm of :mod:`layernorm.numerics` computes the statistics in the given dtype, and of
+   the library's y = xhat (no gamma, beta) for an input of that dtype. Offset sweep
+   x = offset + N(0, 1) for offsets 1e0 ... 1e14, tiny and zero variance, dynamic range,
+   float16 extremes, long rows (D = 1e5).
+2. The library (layer_norm_forward/backward) on the issue's targets, zero-variance rows,
+   values whose squares overflow float32, long rows and many rows (M = 1e6, where the oracle
+   is the float64 reference with math.fsum), with the target and pass/FAIL.
+3. The backward's cancellation: dy chosen so that g = dy*gamma is close to span{1, xhat};
+   the error of dx against kappa = max|g|*rstd/max|dx| for each way to compute it.
+4. Speed of the reference and of the float64-arithmetic alternative.
+
+Exit status 1 if a target of table 2 fails. ``--quick`` shrinks the sizes (the report uses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .numerics import (
+    BACKWARD_MECHANISMS,
+    VARIANCE_ALGORITHMS,
+    cancellation_inputs,
+    exact_layer_norm,
+    float32_backward,
+    float64_param_grads,
+    normalize,
+    relative_error,
+    ulp,
+    ulp_error,
+    unit_roundoff,
+)
+from .reference import layer_norm_backward, layer_norm_forward
+
+OFFSETS = tuple(10.0**k for k in range(0, 15, 2))
+EXACT = "exact"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Problem sizes: full for the command, quick for the report."""
+
+    rows: int
+    d: int
+    long_d: int
+    many_rows: int
+    timing_shape: tuple[int, int]
+    repeats: int
+
+
+FULL = Sizes(rows=4, d=1024, long_d=100_000, many_rows=1_000_000, timing_shape=(4096, 1024),
+             repeats=7)
+QUICK = Sizes(rows=2, d=256, long_d=10_000, many_rows=100_000, timing_shape=(1024, 1024),
+              repeats=3)
+
+
+@dataclass
+class Table:
+    title: str
+    head: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass
+class Results:
+    """The tables, the offset sweep for the plot and whether every target held."""
+
+    tables: list[Table]
+    # dtype -> series name -> [(offset, error)]
+    sweep: dict[str, dict[str, list[tuple[float, float]]]]
+    failed: list[str]
+
+
+def _dtype(name: str) -> np.dtype | None:
+    """The dtype called ``name``; None for bfloat16 without ml_dtypes."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            return None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _dtypes() -> list[np.dtype]:
+    return [dt for name in ("float16", "bfloat16", "float32", "float64")
+            if (dt := _dtype(name)) is not None]
+
+
+def _fmt(v: float) -> str:
+    if math.isinf(v) or math.isnan(v):
+        return "inf"
+    return "0" if v == 0 else f"{v:.1e}"
+
+
+def _fits(x: np.ndarray, dt: np.dtype) -> bool:
+    """Whether x rounds to finite values of dt (bfloat16 has float32's range)."""
+    big = np.finfo(np.float32 if dt.name == "bfloat16" else dt).max
+    return bool(np.abs(x).max() < big)
+
+
+# --- table 1: variance algorithms ---------------------------------------------------------
+
+_EVERY = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+@dataclass(frozen=True)
+class AlgoCase:
+    """Rows center + std*noise (or other values) for the variance algorithms."""
+
+    name: str
+    x: np.ndarray  # (M, D) float64, rounded to each dtype by the runner
+    dtypes: frozenset = _EVERY
+    center: float = 0.0
+    std: float = math.inf  # inf: no noise to resolve
+    offset: float | None = None  # the sweep's abscissa
+
+    def resolved(self, dt: np.dtype) -> bool:
+        """The dtype's spacing at the center is at most std/8: the noise survives rounding."""
+        return self.center == 0 or ulp(self.center, dt) <= self.std / 8
+
+
+def _algorithm_cases(sz: Sizes, rng: np.random.Generator) -> list[AlgoCase]:
+    m, d = sz.rows, sz.d
+    cases = [AlgoCase(f"offset {off:.0e}", off + rng.standard_normal((m, d)), center=off,
+                      std=1.0, offset=off) for off in OFFSETS]
+    mag = 10.0 ** rng.uniform(-3, 4, (m, d)) * rng.choice([-1.0, 1.0], (m, d))
+    return [
+        *cases,
+        AlgoCase("tiny variance: 10 + N(0, 1e-3), var < eps",
+                 10 + 1e-3 * rng.standard_normal((m, d)), center=10.0, std=1e-3),
+        AlgoCase("zero variance (absolute error)", np.repeat(rng.uniform(-5, 5, (m, 1)), d, 1)),
+        AlgoCase("dynamic range: ±10^U(-3, 4)", mag),
+        AlgoCase("float16 extremes: U(-6e4, 6e4)", rng.uniform(-6e4, 6e4, (m, d))),
+        AlgoCase(f"long rows: 1e4 + N(0, 1), D = {sz.long_d:.0e}",
+                 1e4 + rng.standard_normal((2, sz.long_d)), frozenset({"float32", "float64"}),
+                 center=1e4, std=1.0),
+    ]
+
+
+def algorithm_table(sz: Sizes, rng: np.random.Generator, eps: float = 1e-5
+                    ) -> tuple[Table, dict[str, dict[str, list[tuple[float, float]]]]]:
+    """Table 1 and the offset sweep (dtype -> algorithm -> [(offset, error)])."""
+    names = [*VARIANCE_ALGORITHMS, "library y"]
+    table = Table(
+        "Variance algorithms: error of xhat, statistics computed in the dtype",
+        ["case", "dtype", *names, "oracle"],
+        note=("Arithmetic in the dtype as NumPy does it: float16 sums carry float32 partial "
+              "sums, bfloat16 sums are sequential in bfloat16. 'library y' is "
+              "layer_norm_forward on an input of that dtype (half precision computed in "
+              "float32, rounded to the dtype). A dtype is left out where it cannot hold the "
+              "values, or where its spacing at the offset exceeds std/8 (the rounded rows "
+              "would be nearly constant: zero variance has its own row). Long rows skip the "
+              "half dtypes: Welford's count overflows float16."),
+    )
+    sweep: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for case in _algorithm_cases(sz, rng):
+        for dt in _dtypes():
+            if dt.name not in case.dtypes or not _fits(case.x, dt) or not case.resolved(dt):
+                continue
+            x = case.x.astype(dt)
+            want = exact_layer_norm(x, eps=eps).xhat
+            with np.errstate(all="ignore"):  # overflow and negative variances are the point
+                errs = [relative_error(normalize(x, algo(x, None), eps), want)
+                        for algo in VARIANCE_ALGORITHMS.values()]
+            errs.append(relative_error(layer_norm_forward(x, eps=eps)[0], want))
+            table.rows.append([case.name, dt.name, *map(_fmt, errs), EXACT])
+            if case.offset is not None:
+                series = sweep.setdefault(dt.name, {})
+                for name, err in zip(names, errs, strict=True):
+                    series.setdefault(name, []).append((case.offset, err))
+    return table, sweep
+
+
+# --- table 2: the library against the targets ---------------------------------------------
+
+_REF_COLS = ("y", "dx", "dgamma", "dbeta", "y ulps", "dx ulps")
+
+
+@dataclass(frozen=True)
+class RefCase:
+    name: str
+    dtype: str
+    x: np.ndarray  # (M, D) float64, rounded to dtype by the runner
+    eps: float = 1e-5
+    targets: dict[str, float] = field(default_factory=dict)
+    fortran: bool = False  # pass x and dy column-major (strided rows)
+
+
+def _ref_cases(sz: Sizes, rng: np.random.Generator) -> list[RefCase]:
+    m, d = sz.rows, sz.d
+    f32 = {"y": 2e-6, "dx": 2e-5}
+    half = {"y ulps": 2.0, "dx ulps": 2.0}
+    cases = [
+        RefCase("1e8 + N(0, 1e-3), eps = 1e-12", "float64",
+                1e8 + 1e-3 * rng.standard_normal((m, d)), 1e-12, {"y": 1e-12}),
+        RefCase("1e4 + N(0, 0.1)", "float32", 1e4 + 0.1 * rng.standard_normal((m, d)),
+                targets=f32),
+    ]
+    cases += [RefCase(f"{off:.0e} + N(0, 1)", "float32", off + rng.standard_normal((m, d)),
+                      targets=f32) for off in (1e2, 1e4, 1e6)]
+    cases += [
+        RefCase("float16 extremes: U(-6e4, 6e4)", "float16", rng.uniform(-6e4, 6e4, (m, d)),
+                targets=half),
+        RefCase("N(0, 1)", "float16", rng.standard_normal((m, d)), targets=half),
+        RefCase("N(0, 1)", "bfloat16", rng.standard_normal((m, d)), targets=half),
+        RefCase("50 + N(0, 1)", "bfloat16", 50 + rng.standard_normal((m, d)), targets=half),
+        RefCase("±U(1e20, 1e30): squares overflow", "bfloat16",
+                rng.choice([-1.0, 1.0], (m, d)) * 10.0 ** rng.uniform(20, 30, (m, d)),
+                targets=half),
+        RefCase("1e20 + N(0, 1e19): squares overflow", "float32",
+                1e20 + 1e19 * rng.standard_normal((m, d)), targets=f32),
+        RefCase("1e200 + N(0, 1e199): squares overflow", "float64",
+                1e200 + 1e199 * rng.standard_normal((m, d)), targets={"y": 1e-12}),
+        RefCase(f"long rows: 1e4 + N(0, 1), D = {sz.long_d:.0e}", "float32",
+                1e4 + rng.standard_normal((2, sz.long_d)), targets=f32),
+        RefCase(f"long rows, column-major x and dy, D = {sz.long_d:.0e}", "float32",
+                1e4 + rng.standard_normal((2, sz.long_d)), targets=f32, fortran=True),
+    ]
+    const = np.repeat(rng.uniform(-100, 100, (m, 1)), d, axis=1)
+    for dt in _dtypes():
+        cases.append(RefCase("zero variance: y = beta, dx = rstd*(g - mean(g))", dt.name, const,
+                             targets={"y ulps": 0.5, "dx ulps": 4.0}))
+    return cases
+
+
+def _ref_row(case: RefCase, rng: np.random.Generator) -> tuple[list[str], list[str]]:
+    dt = _dtype(case.dtype)
+    m, d = case.x.shape
+    x = case.x.astype(dt)
+    gamma = (1 + 0.5 * rng.standard_normal(d)).astype(dt)
+    beta = rng.standard_normal(d).astype(dt)
+    dy = rng.standard_normal((m, d)).astype(dt)
+    order = np.asfortranarray if case.fortran else np.ascontiguousarray
+    y, cache = layer_norm_forward(order(x), gamma, beta, case.eps)
+    dx, dgamma, dbeta = layer_norm_backward(order(dy), cache)
+    ex = exact_layer_norm(x, gamma, beta, case.eps, dy)
+    got = {
+        "y": relative_error(y, ex.y),
+        "dx": relative_error(dx, ex.dx),
+        "dgamma": relative_error(dgamma, ex.dgamma),
+        "dbeta": relative_error(dbeta, ex.dbeta),
+        "y ulps": ulp_error(y, ex.y, dt),
+        "dx ulps": ulp_error(dx, ex.dx, dt),
+    }
+    return _verdict(case.name, case.dtype, got, case.targets, EXACT)
+
+
+def _verdict(name: str, dtype: str, got: dict[str, float], targets: dict[str, float],
+             oracle: str) -> tuple[list[str], list[str]]:
+    failed = [f"{name} [{dtype}] {k}: {got[k]:.2e} > {bound:.0e}"
+              for k, bound in targets.items() if not got[k] <= bound]
+    target = ", ".join(f"{k} <= {v:g}" for k, v in targets.items())
+    result = ("FAIL" if failed else "pass") if targets else ""
+    cells = [_fmt(got[c]) if c in got else "—" for c in _REF_COLS]
+    return [name, dtype, *cells, target, result, oracle], failed
+
+
+def _many_rows(sz: Sizes, rng: np.random.Generator) -> list[tuple[list[str], list[str]]]:
+    """dgamma and dbeta over many rows of D = 8 in float32: the library and a float32 sum."""
+    m, d = sz.many_rows, 8
+    x = (3 + rng.standard_normal((m, d))).astype(np.float32)
+    dy = (0.1 + rng.standard_normal((m, d))).astype(np.float32)
+    gamma = np.ones(d, np.float32)
+    beta = np.zeros(d, np.float32)
+    y, cache = layer_norm_forward(x, gamma, beta)
+    _, dgamma, dbeta = layer_norm_backward(dy, cache)
+    want_g, want_b = float64_param_grads(x, dy)
+    oracle = "float64 + fsum"
+    name = f"many rows: M = {m:.0e}, D = 8"
+    lib = {"dgamma": relative_error(dgamma, want_g), "dbeta": relative_error(dbeta, want_b)}
+    plain = {"dgamma": relative_error((dy * cache.xhat).sum(axis=0), want_g),
+             "dbeta": relative_error(dy.sum(axis=0), want_b)}
+    return [
+        _verdict(name, "float32", lib, {"dgamma": 1e-6, "dbeta": 1e-6}, oracle),
+        _verdict(name + ", float32 column sums (not the library)", "float32", plain, {}, oracle),
+    ]
+
+
+def reference_table(sz: Sizes, rng: np.random.Generator) -> tuple[Table, list[str]]:
+    """Table 2 and the failed targets."""
+    table = Table(
+        "The library against the targets (gamma = 1 + N(0, 0.25), beta, dy ~ N(0, 1))",
+        ["case", "dtype", *_REF_COLS, "target", "result", "oracle"],
+        note=("y, dx, dgamma, dbeta: normwise relative errors; ulps: of the output dtype at "
+              "max|exact|, 0.5 meaning correctly rounded."),
+    )
+    failed: list[str] = []
+    rows = [_ref_row(case, rng) for case in _ref_cases(sz, rng)] + _many_rows(sz, rng)
+    for cells, bad in rows:
+        table.rows.append(cells)
+        failed += bad
+    return table, failed
+
+
+# --- table 3: the backward's cancellation -------------------------------------------------
+
+
+def cancellation_table(sz: Sizes, rng: np.random.Generator, eps: float = 1e-5) -> Table:
+    """Table 3: dx error against kappa for each mechanism, float32 inputs."""
+    u = unit_roundoff(np.float32)
+    table = Table(
+        f"The backward's cancellation: dx error against kappa, float32, D = {sz.d}",
+        ["x", "rho", "kappa", *BACKWARD_MECHANISMS, "reference / (u kappa)",
+         "float64 cache / (u kappa)", "float64 reference", "oracle"],
+        note=("g = dy*gamma = 0.7 + 1.3*xhat + rho*N(0, 1); kappa = max|g|*rstd/max|dx|; "
+              "u = 2^-24. 'float64 reference' is layer_norm_backward on the same values in "
+              "float64 (cache in float64)."),
+    )
+    for offset in (0.0, 1e4):
+        for rho in (1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5):
+            x, gamma, dy = cancellation_inputs(rng, sz.rows, sz.d, rho, offset)
+            ex = exact_layer_norm(x, gamma, None, eps, dy)
+            g = dy.astype(np.float64) * gamma  # (m, d) exact
+            kappa = float(np.abs(g).max() * ex.rstd.max() / np.abs(ex.dx).max())
+            errs = [relative_error(float32_backward(x, gamma, dy, eps, mech), ex.dx)
+                    for mech in BACKWARD_MECHANISMS]
+            cache64 = layer_norm_forward(x.astype(np.float64), gamma.astype(np.float64),
+                                         eps=eps)[1]
+            err64 = relative_error(layer_norm_backward(dy.astype(np.float64), cache64)[0], ex.dx)
+            table.rows.append([
+                f"{offset:g} + N(0, 1)", f"{rho:.0e}", f"{kappa:.1e}", *map(_fmt, errs),
+                f"{errs[0] / (u * kappa):.2f}", f"{errs[2] / (u * kappa):.2f}", _fmt(err64),
+                EXACT,
+            ])
+    return table
+
+
+# --- table 4: speed ----------------------------------------------------------------------
+
+
+def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def timing_table(sz: Sizes, rng: np.random.Generator, eps: float = 1e-5) -> Table:
+    """Table 4: forward + backward time of each mechanism on float32 input."""
+    m, d = sz.timing_shape
+    x = rng.standard_normal((m, d)).astype(np.float32)
+    dy = rng.standard_normal((m, d)).astype(np.float32)
+    gamma = rng.standard_normal(d).astype(np.float32)
+    table = Table(
+        f"Speed: forward + backward, float32 ({m}, {d}) with gamma, median of {sz.repeats}",
+        ["mechanism", "ms", "relative"],
+    )
+    times = [_median_seconds(lambda mech=mech: float32_backward(x, gamma, dy, eps, mech),
+                             sz.repeats) for mech in BACKWARD_MECHANISMS]
+    for mech, t in zip(BACKWARD_MECHANISMS, times, strict=True):
+        table.rows.append([mech, f"{1e3 * t:.1f}", f"{t / times[0]:.2f}"])
+    return table
+
+
+# --- running, printing, plotting ----------------------------------------------------------
+
+
+def run_suite(quick: bool = False, seed: int = 0, timing: bool = True) -> Results:
+    """Every table; deterministic for a given seed (timings aside)."""
+    sz = QUICK if quick else FULL
+    rng = np.random.default_rng(seed)
+    algorithms, sweep = algorithm_table(sz, rng)
+    ref, failed = reference_table(sz, rng)
+    tables = [algorithms, ref, cancellation_table(sz, rng)]
+    if timing:
+        tables.append(timing_table(sz, rng))
+    return Results(tables, sweep, failed)
+
+
+def format_table(table: Table, markdown: bool = False) -> str:
+    if markdown:
+        lines = [f"**{table.title}**", "", "| " + " | ".join(table.head) + " |",
+                 "|" + "---|" * len(table.head)]
+        lines += ["| " + " | ".join(row) + " |" for row in table.rows]
+    else:
+        widths = [max(len(r[i]) for r in [table.head, *table.rows])
+                  for i in range(len(table.head))]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+        lines = [table.title, "", *(fmt.format(*r).rstrip()
+                                    for r in [table.head, ["-" * w for w in widths],
+                                              *table.rows])]
+    if table.note:
+        lines += ["", table.note]
+    return "\n".join(lines)
+
+
+def plot_sweep(sweep: dict[str, dict[str, list[tuple[float, float]]]], path: Path) -> Path:
+    """PNG of error against offset, one panel per dtype, one line per algorithm."""
+    from matplotlib.figure import Figure  # Figure.savefig renders PNG with Agg, no pyplot
+
+    ceiling = 10.0  # non-finite errors are drawn here
+    floor = 1e-18  # and exact zeros here, on the log axis
+    fig = Figure(figsize=(3.6 * len(sweep) + 1.8, 3.6), layout="constrained")
+    axes = fig.subplots(1, len(sweep), sharex=True, sharey=True, squeeze=False)[0]
+    for ax, (dtype, series) in zip(axes, sweep.items(), strict=True):
+        for name, points in series.items():
+            errs = [min(max(e, floor), ceiling) if math.isfinite(e) else ceiling
+                    for _, e in points]
+            ax.loglog([p[0] for p in points], errs, marker="o", ms=3,
+                      ls="--" if name == "library y" else "-", label=name)
+        ax.axhline(unit_roundoff(np.dtype(dtype)), color="gray", ls=":", lw=1)
+        ax.set_title(f"{dtype} (dotted: u)")
+        ax.set_xlabel("offset, x = offset + N(0, 1)")
+    axes[0].set_ylabel("max|xhat - exact| / max|exact|\n(non-finite drawn at 10)")
+    fig.legend(*axes[-1].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (as the report)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="also write the offset-sweep plot to this PNG file")
+    parser.add_argument("--no-timing", action="store_true", help="skip the speed table")
+
+
+def run(args: argparse.Namespace) -> int:
+    res = run_suite(args.quick, args.seed, timing=not args.no_timing)
+    print("\n\n".join(format_table(t) for t in res.tables))
+    if args.plot is not None:
+        print(f"\nplot written to {plot_sweep(res.sweep, args.plot)}")
+    for line in res.failed:
+        print(f"FAIL {line}")
+    print(f"\n{'targets: all met' if not res.failed else f'{len(res.failed)} targets failed'}")
+    return 1 if res.failed else 0
+
+
+def report_section(ctx: object) -> str:
+    res = run_suite(quick=ctx.quick)
+    png = plot_sweep(res.sweep, ctx.outdir / "stability.png")
+    verdict = "all targets met" if not res.failed else f"{len(res.failed)} targets FAILED"
+    return (
+        "Errors of the variance algorithms and of the library against exact answers (integer "
+        "arithmetic; see docs/numerics.md). Reproduce with "
+        f"`layernorm stability{' --quick' if ctx.quick else ''}`.\n\n"
+        f"![error against offset]({png.name})\n\n"
+        + "\n\n".join(format_table(t, markdown=True) for t in res.tables)
+        + f"\n\n**{verdict}.**\n"
+    )
