@@ -76,7 +76,7 @@ def assert_matches_reference(x, w, b, dy):
         assert (g is None) == (p is None)
         if p is not None:
             assert g.dtype == p.dtype
-            assert_close(g, wnt, p.dtype, "param")
+            assert_close(g, wnt, p.dtype, "gpu-param")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
@@ -159,8 +159,8 @@ def test_rows_whose_sums_overflow(dtype, path, request):
     assert_close(y, want[0], dtype, "out")
     row_scale = np.std(_f64(x), axis=1, keepdims=True)  # dx ~ 1/std
     assert_close(_f64(dx) * row_scale, want[1] * row_scale, dtype, "out")
-    assert_close(dw, want[2], dtype, "param")
-    assert_close(db, want[3], dtype, "param")
+    assert_close(dw, want[2], dtype, "gpu-param")
+    assert_close(db, want[3], dtype, "gpu-param")
 
 
 @pytest.mark.parametrize("affine", ["none", "weight", "bias"])
@@ -187,7 +187,8 @@ def test_several_normalized_axes():
     y, dx, dw, db = _ours(x, w, b, dy, normalized_shape=(4, 5))
     assert y.shape == x.shape and dw.shape == (4, 5) and db.shape == (4, 5)
     want = _reference(x, w, b, dy)
-    for got, wnt, q in zip((y, dx, dw, db), want, ("out", "out", "param", "param"), strict=True):
+    quantities = ("out", "out", "gpu-param", "gpu-param")
+    for got, wnt, q in zip((y, dx, dw, db), want, quantities, strict=True):
         assert_close(got, wnt, torch.float32, q)
 
 
@@ -271,7 +272,7 @@ def test_module_is_a_drop_in(kwargs):
     out_ours.square().sum().backward()
     tol = tolerance("float32", "out")
     torch.testing.assert_close(out_ours, out_theirs, atol=tol.atol, rtol=tol.rtol)
-    tol = tolerance("float32", "param")
+    tol = tolerance("float32", "gpu-param")
     for (name, p_ours), p_theirs in zip(ours.named_parameters(), theirs.parameters(),
                                         strict=True):
         torch.testing.assert_close(p_ours.grad, p_theirs.grad, atol=tol.atol, rtol=tol.rtol,

@@ -37,13 +37,15 @@ def test_default_sweep_matches_the_issue():
 
 
 def test_parse_shapes():
-    """Protects --shape: 'MxN', 'N' (default M), an int, an (M, N) pair; bad values name it."""
-    assert bench.parse_shapes(["64x1000", "4096", 8192, (3, 5)], quick=False) == [
-        (64, 1000), (32768, 4096), (32768, 8192), (3, 5)]
+    """Protects --shape: tuples from `layernorm bench --shape` (leading extents multiply into
+    M; a 1-tuple is N), 'MxN', 'N' and ints (default M); bad values are named."""
+    assert bench.parse_shapes([(64, 1000), (2, 8, 512), (4096,), "3x5", "8192", 1024],
+                              quick=False) == [(64, 1000), (16, 512), (32768, 4096), (3, 5),
+                                               (32768, 8192), (32768, 1024)]
     with pytest.raises(ValueError, match="shape"):
         bench.parse_shapes(["64 by 1000"], quick=False)
     with pytest.raises(ValueError, match="shape"):
-        bench.parse_shapes(["0x10"], quick=False)
+        bench.parse_shapes([(0, 10)], quick=False)
 
 
 @pytest.mark.parametrize("pass_,dtype,itemsize", [("fwd", "bfloat16", 2), ("bwd", "float32", 4)])

@@ -20,6 +20,7 @@ functions that run on a GPU, so the report section works without torch.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import time
@@ -56,26 +57,26 @@ def rows_for(N: int) -> int:
 
 
 def parse_shapes(specs: Sequence[Any] | None, quick: bool) -> list[tuple[int, int]]:
-    """(M, N) pairs from ``--shape`` values: ``"MxN"``, ``"N"`` (M from :func:`rows_for`), an int
-    N or an (M, N) pair. None gives the default sweep (a shorter one with ``quick``)."""
+    """(M, N) pairs from ``--shape`` values: a shape tuple (M is the product of the leading
+    extents; a 1-tuple is N alone), ``"MxN"``, ``"N"`` or an int N; N alone gets M from
+    :func:`rows_for`. None gives the default sweep (a shorter one with ``quick``)."""
     if not specs:
         return [(rows_for(n), n) for n in (QUICK_NS if quick else NS)]
     shapes = []
     for spec in specs:
-        if isinstance(spec, (tuple, list)) and len(spec) == 2:
-            m, n = spec
+        if isinstance(spec, str) and re.fullmatch(r"\d+(x\d+)*", spec.strip()):
+            dims = [int(p) for p in spec.strip().split("x")]
+        elif isinstance(spec, (tuple, list)) and spec and all(
+                isinstance(d, int) and not isinstance(d, bool) for d in spec):
+            dims = list(spec)
         elif isinstance(spec, int) and not isinstance(spec, bool):
-            m, n = None, spec
-        elif isinstance(spec, str) and re.fullmatch(r"\d+(x\d+)?", spec.strip()):
-            parts = [int(p) for p in spec.strip().split("x")]
-            m, n = (None, parts[0]) if len(parts) == 1 else parts
+            dims = [spec]
         else:
-            raise ValueError(f"shape must be 'MxN', 'N' or an (M, N) pair, got {spec!r}")
-        n = int(n)
-        m = rows_for(n) if m is None else int(m)
-        if m < 1 or n < 1:
-            raise ValueError(f"shape must have M >= 1 and N >= 1, got {spec!r}")
-        shapes.append((m, n))
+            raise ValueError(f"shape must be 'MxN', 'N' or a tuple of ints, got {spec!r}")
+        if min(dims) < 1:
+            raise ValueError(f"shape extents must be >= 1, got {spec!r}")
+        n = dims[-1]
+        shapes.append((math.prod(dims[:-1]) if len(dims) > 1 else rows_for(n), n))
     return shapes
 
 
