@@ -45,7 +45,9 @@ def _signature(kernel: triton.JITFunction, dtype: str, constexprs: dict) -> dict
 
 def resource_usage(kernel: triton.JITFunction, dtype: str, constexprs: dict, num_warps: int,
                    sm: int) -> dict:
-    """Compile one specialization for sm_<sm>; its REG, STACK, SHARED and LOCAL per thread."""
+    """Compile one specialization for sm_<sm>; its REG, STACK, SHARED and LOCAL per thread.
+    Constexprs the kernel does not take are dropped."""
+    constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}
     src = triton.compiler.ASTSource(fn=kernel, signature=_signature(kernel, dtype, constexprs),
                                     constexprs=constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", sm, 32),
@@ -63,6 +65,7 @@ def plans() -> list[tuple[str, triton.JITFunction, dict, int]]:
     """(label, kernel, constexprs, num_warps) of every launch the launchers make, at the row
     lengths where a plan's tiles are largest (each plan's register high-water mark)."""
     flags = {"HAS_W": True, "HAS_B": True}
+    absent = {"HAS_W": False, "HAS_B": False, "W": None, "B": None}  # None pointers
     out = []
     for D in (1, 256, 1024, K.MAX_SHORT_D_FWD):
         p = K.plan("fwd", D)
@@ -78,6 +81,13 @@ def plans() -> list[tuple[str, triton.JITFunction, dict, int]]:
     out.append(("bwd long row stats", K._bwd_long_rowstats_kernel,
                 {"HAS_W": True, "BLOCK": p.block}, p.num_warps))
     out.append(("bwd long dx", K._bwd_long_dx_kernel, {**flags, "BLOCK": p.block}, p.num_warps))
+    p = K.plan("fwd", 1024)
+    out.append(("fwd short no affine", K._fwd_short_kernel,
+                {**absent, "ROWS": p.rows, "BLOCK_D": p.block}, p.num_warps))
+    p = K.plan("bwd", 1024)
+    out.append(("bwd short no affine", K._bwd_short_kernel,
+                {**absent, "DW_PART": None, "DB_PART": None, "ROWS": p.rows, "BLOCK_D": p.block},
+                p.num_warps))
     out.append(("sum partials", K._sum_partials_kernel,
                 {**flags, "BLOCK_P": K.REDUCE_BLOCK_P, "BLOCK_N": K.REDUCE_BLOCK_N},
                 K.REDUCE_NUM_WARPS))

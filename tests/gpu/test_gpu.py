@@ -282,8 +282,8 @@ def test_module_is_a_drop_in(kwargs):
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside inductor
 def test_compiled_fullgraph_keeps_our_op():
     """Protects the torch.library registration: torch.compile(fullgraph=True) traces
-    layer_norm without a graph break, the graph calls layernorm::fwd (no silent fallback), and
-    the compiled function (inductor) gives the eager results, gradients included."""
+    layer_norm without a graph break, the graph calls layernorm::triton_fwd (no silent
+    fallback), and the compiled function (inductor) gives the eager results and gradients."""
     graphs = []
 
     def capture(gm, example_inputs):
@@ -298,7 +298,7 @@ def test_compiled_fullgraph_keeps_our_op():
     w, b = w.reshape(4, 32), b.reshape(4, 32)
     torch.compile(f, fullgraph=True, backend=capture)(x, w, b)
     targets = [n.target for g in graphs for n in g.graph.nodes if n.op == "call_function"]
-    assert torch.ops.layernorm.fwd.default in targets
+    assert torch.ops.layernorm.triton_fwd.default in targets
 
     leaves = [t.detach().requires_grad_() for t in (x, w, b)]
     y_eager = f(*leaves)

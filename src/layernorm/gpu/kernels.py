@@ -44,6 +44,7 @@ rows in a fixed order. No atomics and no locks, so results are bit-identical run
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -506,6 +507,11 @@ def _partial_rows(limit: int, programs_per_row: int, M: int, itemsize: int,
     return max(1, min(limit, max(fill, min(most, budget))))
 
 
+def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Launch on ``device``: Triton launches on the current CUDA device, not the tensors'."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def forward(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -529,16 +535,17 @@ def forward(
         return y, mean, rstd
     p = plan("fwd", D)
     flags = {"HAS_W": weight is not None, "HAS_B": bias is not None}
-    if p.long:
-        _fwd_long_kernel[(M,)](
-            x, y, weight, bias, mean, rstd, x.stride(0), D, eps,
-            **flags, BLOCK=p.block, num_warps=p.num_warps,
-        )
-    else:
-        _fwd_short_kernel[(triton.cdiv(M, p.rows),)](
-            x, y, weight, bias, mean, rstd, x.stride(0), M, D, eps,
-            **flags, ROWS=p.rows, BLOCK_D=p.block, num_warps=p.num_warps,
-        )
+    with _on_device(x.device):
+        if p.long:
+            _fwd_long_kernel[(M,)](
+                x, y, weight, bias, mean, rstd, x.stride(0), D, eps,
+                **flags, BLOCK=p.block, num_warps=p.num_warps,
+            )
+        else:
+            _fwd_short_kernel[(triton.cdiv(M, p.rows),)](
+                x, y, weight, bias, mean, rstd, x.stride(0), M, D, eps,
+                **flags, ROWS=p.rows, BLOCK_D=p.block, num_warps=p.num_warps,
+            )
     return y, mean, rstd
 
 
@@ -580,26 +587,27 @@ def backward(
         chunks = _partial_rows(triton.cdiv(M, p.rows), 1, M, x.element_size(), dev)
     dw_part = torch.empty((chunks, D), dtype=torch.float32, device=dev) if has_w else None
     db_part = torch.empty((chunks, D), dtype=torch.float32, device=dev) if has_b else None
-    if p.long:
-        coef = torch.empty((3, M), dtype=torch.float32, device=dev)
-        _bwd_long_rowstats_kernel[(M,)](
-            x, dy, weight, mean, rstd, coef, x.stride(0), dy.stride(0), M, D,
-            HAS_W=has_w, BLOCK=p.block, num_warps=p.num_warps,
-        )
-        _bwd_long_dx_kernel[(chunks, col_blocks)](
-            x, dy, dx, weight, mean, rstd, coef, dw_part, db_part,
-            x.stride(0), dy.stride(0), M, D, rows_per_chunk,
-            HAS_W=has_w, HAS_B=has_b, BLOCK=p.block, num_warps=p.num_warps,
-        )
-    else:
-        _bwd_short_kernel[(chunks,)](
-            x, dy, dx, weight, mean, rstd, dw_part, db_part, x.stride(0), dy.stride(0), M, D,
-            HAS_W=has_w, HAS_B=has_b, ROWS=p.rows, BLOCK_D=p.block, num_warps=p.num_warps,
-        )
-    if has_w or has_b:
-        _sum_partials_kernel[(triton.cdiv(D, REDUCE_BLOCK_N),)](
-            dw_part, db_part, dw, db, chunks, D,
-            HAS_W=has_w, HAS_B=has_b, BLOCK_P=REDUCE_BLOCK_P, BLOCK_N=REDUCE_BLOCK_N,
-            num_warps=REDUCE_NUM_WARPS,
-        )
+    with _on_device(dev):
+        if p.long:
+            coef = torch.empty((3, M), dtype=torch.float32, device=dev)
+            _bwd_long_rowstats_kernel[(M,)](
+                x, dy, weight, mean, rstd, coef, x.stride(0), dy.stride(0), M, D,
+                HAS_W=has_w, BLOCK=p.block, num_warps=p.num_warps,
+            )
+            _bwd_long_dx_kernel[(chunks, col_blocks)](
+                x, dy, dx, weight, mean, rstd, coef, dw_part, db_part,
+                x.stride(0), dy.stride(0), M, D, rows_per_chunk,
+                HAS_W=has_w, HAS_B=has_b, BLOCK=p.block, num_warps=p.num_warps,
+            )
+        else:
+            _bwd_short_kernel[(chunks,)](
+                x, dy, dx, weight, mean, rstd, dw_part, db_part, x.stride(0), dy.stride(0), M, D,
+                HAS_W=has_w, HAS_B=has_b, ROWS=p.rows, BLOCK_D=p.block, num_warps=p.num_warps,
+            )
+        if has_w or has_b:
+            _sum_partials_kernel[(triton.cdiv(D, REDUCE_BLOCK_N),)](
+                dw_part, db_part, dw, db, chunks, D,
+                HAS_W=has_w, HAS_B=has_b, BLOCK_P=REDUCE_BLOCK_P, BLOCK_N=REDUCE_BLOCK_N,
+                num_warps=REDUCE_NUM_WARPS,
+            )
     return dx, dw, db

@@ -1,8 +1,8 @@
 """The kernels as ``torch.library`` custom ops, with a fake (meta) implementation and autograd.
 
-``layernorm::fwd`` and ``layernorm::bwd`` are opaque to ``torch.compile``: Dynamo records them in
-the graph as single nodes (no graph break, no silent fallback), the fake implementations give
-output shapes without running anything, and the autograd formula of ``fwd`` calls ``bwd``.
+``layernorm::triton_fwd`` and ``layernorm::triton_bwd`` are opaque to ``torch.compile``: Dynamo
+records each as one node (no graph break, no silent fallback), the fake implementations give
+output shapes without running anything, and the forward's autograd formula calls the backward.
 Both ops take 2-D (M, D) tensors with unit column stride; :func:`layernorm.gpu.api.layer_norm`
 flattens and checks the caller's arguments first.
 """
@@ -19,7 +19,7 @@ from . import kernels
 __all__ = ["bwd", "fwd"]
 
 
-@torch.library.custom_op("layernorm::fwd", mutates_args=())
+@torch.library.custom_op("layernorm::triton_fwd", mutates_args=())
 def fwd(
     x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -36,7 +36,7 @@ def _fwd_fake(
     return x.new_empty((M, D)), stats, torch.empty_like(stats)
 
 
-@torch.library.custom_op("layernorm::bwd", mutates_args=())
+@torch.library.custom_op("layernorm::triton_bwd", mutates_args=())
 def bwd(
     dy: Tensor,
     x: Tensor,
