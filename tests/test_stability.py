@@ -41,12 +41,14 @@ def test_command_exits_1_when_a_target_fails(monkeypatch, capsys):
 
 
 def test_report_section_embeds_plot_and_tables(tmp_path):
-    """Protects the report section: a PNG in the report folder, linked from Markdown tables."""
+    """Protects the report section: a PNG in the report folder, linked from valid Markdown
+    tables."""
     ctx = report.ReportContext(outdir=tmp_path, quick=True)
     md = stability.report_section(ctx)
     assert (tmp_path / "stability.png").read_bytes()[:4] == b"\x89PNG"
     assert "![error against offset](stability.png)" in md
     assert "| case | dtype | naive |" in md and "all targets met" in md
+    assert "| zero variance, \\|x\\| < 5 (absolute error) |" in md  # cell pipes escaped
 
 
 def test_offset_sweep_shows_the_correction_working():

@@ -393,7 +393,8 @@ def format_table(table: Table, markdown: bool = False) -> str:
     if markdown:
         lines = [f"**{table.title}**", "", "| " + " | ".join(table.head) + " |",
                  "|" + "---|" * len(table.head)]
-        lines += ["| " + " | ".join(row) + " |" for row in table.rows]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
+                  for row in table.rows]
     else:
         widths = [max(len(r[i]) for r in [table.head, *table.rows])
                   for i in range(len(table.head))]
