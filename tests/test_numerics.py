@@ -81,7 +81,7 @@ def test_exact_oracle_agrees_with_mpmath(dtype, offset, std, eps):
 
 
 def test_exact_oracle_closed_forms():
-    """Protects the oracle on known answers: zero variance, D = 1, and a two-element row."""
+    """Protects the oracle on known answers: zero variance, two values, D = 1, no rows."""
     x = np.array([[0.1] * 5, [-3.0, 5.0, -3.0, 5.0, -3.0]])  # (2, 5)
     gamma = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
     beta = np.array([0.5, -0.25, 0.0, 1.0, 2.0])
@@ -97,6 +97,9 @@ def test_exact_oracle_closed_forms():
     d1 = nx.exact_layer_norm(np.array([[7.0], [-2.0]]), dy=np.ones((2, 1)))
     np.testing.assert_array_equal(d1.y, 0.0)
     np.testing.assert_array_equal(d1.dx, 0.0)
+    none = nx.exact_layer_norm(np.ones((0, 3)), dy=np.ones((0, 3)))  # no rows
+    assert none.y.shape == (0, 3)
+    np.testing.assert_array_equal(none.dgamma, np.zeros(3))
 
 
 def test_exact_oracle_keeps_leading_axes_and_overflowing_variance():

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ._validate import as_float_array, check_eps, check_param
 from .reference import LayerNormCache, layer_norm_backward, layer_norm_forward
@@ -79,7 +80,7 @@ __all__ = [
 _SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 
 
-def _significand_bits(dtype: object) -> int:
+def _significand_bits(dtype: DTypeLike) -> int:
     name = np.dtype(dtype).name
     try:
         return _SIGNIFICAND_BITS[name]
@@ -89,12 +90,12 @@ def _significand_bits(dtype: object) -> int:
         ) from None
 
 
-def unit_roundoff(dtype: object) -> float:
+def unit_roundoff(dtype: DTypeLike) -> float:
     """u = 2**-p for a dtype with p significand bits: the largest relative rounding error."""
     return 2.0 ** -_significand_bits(dtype)
 
 
-def ulp(value: float, dtype: object) -> float:
+def ulp(value: float, dtype: DTypeLike) -> float:
     """The spacing of ``dtype``'s floats at |value| (normal range), e.g. 2**-23 at 1 in float32."""
     value = abs(float(value))
     if value == 0.0 or not math.isfinite(value):
@@ -121,10 +122,10 @@ def relative_error(got: np.ndarray, exact: np.ndarray) -> float:
     return err / scale if scale > 0 else err
 
 
-def ulp_error(got: np.ndarray, exact: np.ndarray, dtype: object) -> float:
+def ulp_error(got: np.ndarray, exact: np.ndarray, dtype: DTypeLike) -> float:
     """max|got - exact| in ulps of ``dtype`` at max|exact|; ``inf`` for non-finite ``got``.
 
-    A result correctly rounded to ``dtype`` scores at most 0.5.
+    A result correctly rounded to ``dtype`` scores at most 0.5. ``exact`` must not be all zeros.
     """
     exact = np.asarray(exact, dtype=np.float64)
     scale = float(np.max(np.abs(exact)))
@@ -166,7 +167,7 @@ class Moments:
     m2: np.ndarray
 
 
-def _rows(x: object, dtype: object) -> np.ndarray:
+def _rows(x: object, dtype: DTypeLike) -> np.ndarray:
     """x (..., D) as a C-contiguous array of the arithmetic dtype (x's own if None)."""
     arr = as_float_array(x, "x")
     if arr.ndim == 0 or arr.shape[-1] == 0:
@@ -176,7 +177,7 @@ def _rows(x: object, dtype: object) -> np.ndarray:
     return np.ascontiguousarray(arr.astype(dt, copy=False))
 
 
-def variance_naive(x: np.ndarray, dtype: object = None) -> RowStats:
+def variance_naive(x: np.ndarray, dtype: DTypeLike = None) -> RowStats:
     """E[x^2] - E[x]^2 over the last axis of x (..., D), in ``dtype`` (default x's)."""
     x = _rows(x, dtype)
     mean = x.mean(axis=-1)  # (...,)
@@ -184,7 +185,7 @@ def variance_naive(x: np.ndarray, dtype: object = None) -> RowStats:
     return RowStats(mean, np.zeros_like(mean), var)
 
 
-def variance_two_pass(x: np.ndarray, dtype: object = None) -> RowStats:
+def variance_two_pass(x: np.ndarray, dtype: DTypeLike = None) -> RowStats:
     """mean, then the mean of squared deviations, over the last axis of x (..., D)."""
     x = _rows(x, dtype)
     mean = x.mean(axis=-1)  # (...,)
@@ -193,7 +194,7 @@ def variance_two_pass(x: np.ndarray, dtype: object = None) -> RowStats:
     return RowStats(mean, np.zeros_like(mean), var)
 
 
-def variance_corrected_two_pass(x: np.ndarray, dtype: object = None) -> RowStats:
+def variance_corrected_two_pass(x: np.ndarray, dtype: DTypeLike = None) -> RowStats:
     """Two-pass plus the correction c = mean(x - m), over the last axis of x (..., D)."""
     x = _rows(x, dtype)
     mean = x.mean(axis=-1)  # (...,)
@@ -203,7 +204,7 @@ def variance_corrected_two_pass(x: np.ndarray, dtype: object = None) -> RowStats
     return RowStats(mean, c, var)
 
 
-def variance_welford(x: np.ndarray, dtype: object = None) -> RowStats:
+def variance_welford(x: np.ndarray, dtype: DTypeLike = None) -> RowStats:
     """Welford's one-pass update, element by element along the last axis of x (..., D).
 
     The count is held in ``dtype`` as a kernel computing in that dtype would divide by it.
@@ -220,7 +221,7 @@ def variance_welford(x: np.ndarray, dtype: object = None) -> RowStats:
     return RowStats(mean, np.zeros_like(mean), m2 / t(x.shape[-1]))
 
 
-def moments(x: np.ndarray, dtype: object = None) -> Moments:
+def moments(x: np.ndarray, dtype: DTypeLike = None) -> Moments:
     """(count, mean, M2) of x (..., D) over its last axis, two-pass, in ``dtype``."""
     x = _rows(x, dtype)
     mean = x.mean(axis=-1)  # (...,)
@@ -240,7 +241,7 @@ def chan_merge(a: Moments, b: Moments) -> Moments:
     return Moments(n, mean, m2)
 
 
-def variance_chan(x: np.ndarray, dtype: object = None, block: int = 128) -> RowStats:
+def variance_chan(x: np.ndarray, dtype: DTypeLike = None, block: int = 128) -> RowStats:
     """Moments of consecutive blocks of ``block`` elements, merged left to right (Chan)."""
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
         raise ValueError(f"block must be a positive integer, got {block!r}")
@@ -252,7 +253,7 @@ def variance_chan(x: np.ndarray, dtype: object = None, block: int = 128) -> RowS
 
 
 # name -> algorithm(x, dtype); the names are the columns of `layernorm stability`.
-VARIANCE_ALGORITHMS: dict[str, Callable[[np.ndarray, object], RowStats]] = {
+VARIANCE_ALGORITHMS: dict[str, Callable[[np.ndarray, DTypeLike], RowStats]] = {
     "naive": variance_naive,
     "two-pass": variance_two_pass,
     "corrected two-pass": variance_corrected_two_pass,
@@ -409,8 +410,8 @@ def exact_layer_norm(
     dx_out = dgamma = dbeta = None
     if dy is not None:
         # sum over rows of dy*xhat = dyi*c*rr * 2**(edy + ex - t_r) / D, on the largest t
-        t_max = max(t for _, t in dgamma_terms)
-        total = sum(term * (1 << (t_max - t)) for term, t in dgamma_terms)
+        t_max = max((t for _, t in dgamma_terms), default=0)
+        total = sum((term * (1 << (t_max - t)) for term, t in dgamma_terms), np.zeros(d, object))
         dgamma = _round(total, d, edy + ex - t_max)
         dbeta = _round(dyi.sum(axis=0), 1, edy)
         dx_out = dx.reshape(x.shape)
