@@ -1,0 +1,632 @@
+r"""Fused CPU kernels for layer normalization (Numba): one parallel pass over rows each way.
+
+Same maths, signatures and results as :mod:`layernorm.reference`; only the cache differs.
+For one row of length D, with T the compute dtype (float32, or float64 for float64 input):
+
+Forward, three sweeps over a row that stays in L1/L2 after the first (x is read from memory
+once, y written once):
+
+    A   m0   = T(sum_j x_j / D)                          rough mean, rounded to T
+    B   s1   = sum_j (x_j - m0),   s2 = sum_j (x_j - m0)^2
+        c    = s1 / D                                    the rounding error of m0
+        mean = m0 + c          (float64)
+        var  = s2 / D - c^2    (= mean((x - m0 - c)^2), the variance of the corrected centring)
+        rstd = 1 / sqrt(var + eps)
+    C   xhat_j = ((x_j - hi) - lo) * rstd,   y_j = gamma_j * xhat_j + beta_j
+
+where mean = hi + lo is split into two T numbers (hi = T(mean), lo = T(mean - hi)), so the
+float32 centring keeps the float64 mean's accuracy. This is the reference's accuracy
+mechanism (two passes, then one correction pass that subtracts the mean of the centred
+values) folded into scalars: the correction c is the mean of the centred values, and
+subtracting it from every centred value is the same as centring on m0 + c.
+
+Backward, two sweeps; with t_j = x_j - hi and u_j = dy_j * gamma_j (u = dy without gamma):
+
+    1   su = sum_j u_j,   sut = sum_j u_j * t_j
+        mean(g) = su / D,   mean(g * xhat) = rstd * (sut - lo * su) / D
+    2   xhat_j = (t_j - lo) * rstd
+        dx_j = rstd * ((u_j - mean(g)) - xhat_j * mean(g * xhat))
+        dgamma_j += dy_j * xhat_j,   dbeta_j += dy_j        (partial sums, see below)
+
+dx keeps the reference's form: expanding it into rstd * u_j + a * t_j + b saves two operations
+but leaves an error of an ulp of rstd * |u| where the reference has an ulp of |u - mean(g)| (for
+D = 1, exactly zero against 2e-5 * |u| with eps = 1e-5).
+
+The cache holds what makes that backward cheapest: per row mean and rstd (float64, 16 bytes a
+row), gamma, and a reference to x itself (no copy when x is already a C-contiguous float32 or
+float64 array). The backward recomputes xhat from x on the fly, so it reads x and dy and writes
+dx: the minimal 3·M·D·itemsize bytes. **x must not be modified between the forward and the
+backward**, exactly as PyTorch's saved tensors. (The reference keeps its own xhat instead.)
+
+Summation order and determinism. Every row sum above accumulates in blocks of BLOCK elements
+in T, each block total added to a float64 scalar. Inside a block the sum is vectorised by LLVM
+with ``fastmath={"reassoc"}`` applied to the reduction helpers only: the vectoriser keeps
+VF x UF independent lanes (8 x 4 = 32 float32 lanes with 256-bit vectors) and adds them in a
+fixed tree at the end of the block. The order is fixed by the compiled code, not by the data's
+address or the thread schedule: results are bit-identical run to run and for any thread count
+on one machine (tests check both), but a CPU with other vector widths may round differently.
+An explicit fixed-order lane accumulator (LANES partial sums in a small array, identical order
+on every machine) was measured here against this choice, on a 768-element float32 row in L1
+(1 thread, ns per element): sequential float64 sum 0.58, explicit 64-lane float64 accumulator
+0.16, explicit 64-lane float32 0.09, LLVM's reassociated block sum 0.026-0.05. In the full
+forward on (4096, 768) that was 58-61% of copy bandwidth for explicit lanes against 70% for the
+reassociated sums (before prefetching, below). Speed won: the reduction order is fixed per
+machine, not across machines. Blocks keep float32 partial sums short (32 terms a lane), so
+their error stays at a few float32 ulps of the block's sum of magnitudes.
+
+dgamma and dbeta: rows are split into ``n_chunks(M)`` chunks, fixed by M alone (a power of two,
+at most MAX_CHUNKS, at least ROWS_PER_CHUNK rows each), never by the thread count. Each chunk
+adds its rows in order into float64 partials (the products dy * xhat rounded to T first, as in
+the reference), and the partials are added chunk 0, 1, ... in a final pass: no atomics, no
+locks, bit-identical across thread counts. (Summing groups of 16 rows in float32 before the
+float64 partials measured no faster once prefetching hid the arithmetic, and missed the
+float32 tolerance on dbeta at M = 4096: 1.5e-5 against 1.2e-5.)
+
+Memory. Each kernel issues software prefetches (``prefetcht1``) for the next row while it
+computes on the current one, so memory keeps streaming during the cache-resident sweeps; that
+took the backward on (4096, 768) from about 60% to about 80% of copy bandwidth here. Reuse
+outputs (``out=``, or :class:`LayerNorm`, which keeps its buffers): a fresh output over 32 MB
+is mmapped and page-faulted on every call, which alone costs 1.3-3.5x.
+
+float16 and bfloat16 inputs are converted to float32 with NumPy at the boundary and the
+results converted back; Numba has no half-precision type on the CPU. The conversions are
+single-threaded NumPy passes and dominate the time (see ``layernorm bench --dtype float16``).
+
+Kernels are compiled on first use for each compute dtype and cached on disk (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validate import as_float_array, check_eps, check_param, compute_dtype
+from .reference import _check_x
+
+try:
+    from llvmlite import ir
+    from numba import njit, prange, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+except ImportError as exc:  # pragma: no cover - exercised only without numba
+    raise ImportError(
+        "layernorm.cpu needs numba: install the `fast` extra, pip install 'layernorm[fast]'"
+    ) from exc
+
+__all__ = [
+    "CpuLayerNormCache",
+    "LayerNorm",
+    "copy",
+    "layer_norm_backward",
+    "layer_norm_forward",
+    "n_chunks",
+]
+
+BLOCK = 1024  # elements summed in T before the block total joins a float64 sum
+SPAN = 256  # elements of the output sweep between prefetch bursts (16 cache lines of float32)
+LINE_BYTES = 64  # cache line; prefetches are issued one per line
+ROWS_PER_CHUNK = 32  # fewest rows in a backward chunk
+MAX_CHUNKS = 16  # most chunks: float64 partial traffic stays ~1% of the bytes for M >= 4096
+
+
+@intrinsic
+def _prefetch(typingctx, arr, idx):
+    """Prefetch into L2 the cache line holding ``arr[idx]`` (a hint: never faults)."""
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
+                                       wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        # read (0), locality 2 (prefetcht1: L2 and outward), data cache (1)
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(2), i32(1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, idx), codegen
+
+
+@njit(cache=True)
+def _prefetch_span(row, j0, j1):
+    """Prefetch the lines of ``row[j0:j1]`` (row: (D,))."""
+    step = max(1, LINE_BYTES // row.itemsize)
+    for k in range(j0, j1, step):
+        _prefetch(row, k)
+
+
+# Reductions. Loops index views from 0 (``blk[j]``, j in range(n)) so Numba can prove the
+# index non-negative and drop its negative-index wraparound, which blocks vectorisation.
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _sum(row):
+    """sum_j row_j: T sums of BLOCK elements added in float64 (row: (D,) T)."""
+    s = 0.0
+    for j0 in range(0, row.shape[0], BLOCK):
+        blk = row[j0:j0 + BLOCK]  # (<= BLOCK,)
+        b = blk.dtype.type(0.0)
+        for j in range(blk.shape[0]):
+            b += blk[j]
+        s += b
+    return s
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _sum_centred(row, m0):
+    """(sum_j d_j, sum_j d_j^2) with d = row - m0 computed in T (row: (D,) T; m0: T)."""
+    s1 = 0.0
+    s2 = 0.0
+    for j0 in range(0, row.shape[0], BLOCK):
+        blk = row[j0:j0 + BLOCK]  # (<= BLOCK,)
+        b1 = blk.dtype.type(0.0)
+        b2 = blk.dtype.type(0.0)
+        for j in range(blk.shape[0]):
+            d = blk[j] - m0
+            b1 += d
+            b2 += d * d
+        s1 += b1
+        s2 += b2
+    return s1, s2
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _sum_grad(xr, dyr, gamma, hi):
+    """(sum_j u_j, sum_j u_j (x_j - hi)) with u = dy * gamma (xr, dyr, gamma: (D,) T)."""
+    s1 = 0.0
+    s2 = 0.0
+    for j0 in range(0, xr.shape[0], BLOCK):
+        xb = xr[j0:j0 + BLOCK]  # (<= BLOCK,)
+        db = dyr[j0:j0 + BLOCK]  # (<= BLOCK,)
+        gb = gamma[j0:j0 + BLOCK]  # (<= BLOCK,)
+        b1 = xb.dtype.type(0.0)
+        b2 = xb.dtype.type(0.0)
+        for j in range(xb.shape[0]):
+            u = db[j] * gb[j]
+            b1 += u
+            b2 += u * (xb[j] - hi)
+        s1 += b1
+        s2 += b2
+    return s1, s2
+
+
+# Element-wise sweeps, SPAN elements at a time, prefetching the next row's matching lines.
+
+
+@njit(cache=True)
+def _write_y(xr, hi, lo, rc, gamma, beta, yr, nxt):
+    """y = ((x - hi) - lo) * rstd * gamma + beta (all (D,) T), prefetching ``nxt`` (D,)."""
+    D = xr.shape[0]
+    for j0 in range(0, D, SPAN):
+        xb = xr[j0:j0 + SPAN]  # (<= SPAN,)
+        gb = gamma[j0:j0 + SPAN]
+        bb = beta[j0:j0 + SPAN]
+        yb = yr[j0:j0 + SPAN]
+        for j in range(xb.shape[0]):
+            yb[j] = ((xb[j] - hi) - lo) * rc * gb[j] + bb[j]
+        _prefetch_span(nxt, j0, min(D, j0 + SPAN))
+
+
+@njit(cache=True)
+def _write_dx(xr, dyr, gamma, hi, lo, rc, mg, mgx, dxr, pg, pb, nx, ndy):
+    """dx = rstd * ((u - mean_g) - xhat * mean_gxhat); pg += dy * xhat; pb += dy.
+
+    xr, dyr, gamma, dxr: (D,) T; pg, pb: (D,) float64. Prefetches the next row's x and dy
+    (``nx``, ``ndy``: (D,)).
+    """
+    D = xr.shape[0]
+    for j0 in range(0, D, SPAN):
+        xb = xr[j0:j0 + SPAN]  # (<= SPAN,)
+        db = dyr[j0:j0 + SPAN]
+        gb = gamma[j0:j0 + SPAN]
+        ob = dxr[j0:j0 + SPAN]
+        pgb = pg[j0:j0 + SPAN]
+        pbb = pb[j0:j0 + SPAN]
+        for j in range(xb.shape[0]):
+            xhat = ((xb[j] - hi) - lo) * rc
+            ob[j] = rc * ((db[j] * gb[j] - mg) - xhat * mgx)
+            pgb[j] += db[j] * xhat  # the product rounded to T, as in the reference
+            pbb[j] += db[j]
+        _prefetch_span(nx, j0, min(D, j0 + SPAN))
+        _prefetch_span(ndy, j0, min(D, j0 + SPAN))
+
+
+# Rows whose T sums overflow (|x - mean| above ~1.8e19/sqrt(D) in float32), or hold inf or
+# NaN, take these float64 paths; other rows pay one isfinite test per row.
+
+
+@njit(cache=True)
+def _stats_scaled(xr, eps):
+    """(mean, rstd) in float64 of x * 2**-e with eps * 4**-e, max|x| < 2**e (xr: (D,) T).
+
+    A power-of-two scaling is exact and leaves y unchanged; rstd is scaled back by 2**-e.
+    """
+    D = xr.shape[0]
+    amax = 0.0
+    for j in range(D):
+        amax = max(amax, abs(np.float64(xr[j])))
+    e = math.frexp(amax)[1]
+    scale = math.ldexp(1.0, -e)
+    s = 0.0
+    for j in range(D):
+        s += xr[j] * scale
+    m0 = s / D
+    s1 = 0.0
+    s2 = 0.0
+    for j in range(D):
+        d = xr[j] * scale - m0
+        s1 += d
+        s2 += d * d
+    c = s1 / D
+    rstd_s = 1.0 / math.sqrt(s2 / D - c * c + math.ldexp(eps, -2 * e))
+    return math.ldexp(m0 + c, e), math.ldexp(rstd_s, -e)
+
+
+@njit(cache=True)
+def _write_y_f64(xr, m, r, gamma, beta, yr):
+    """y = (x - mean) * rstd * gamma + beta in float64, rounded to T (all (D,))."""
+    for j in range(xr.shape[0]):
+        yr[j] = ((xr[j] - m) * r) * gamma[j] + beta[j]
+
+
+@njit(cache=True)
+def _write_dx_f64(xr, dyr, gamma, m, r, dxr, pg, pb):
+    """The row's dx and dgamma/dbeta terms in float64 (all (D,); m, r: float64)."""
+    D = xr.shape[0]
+    su = 0.0
+    sut = 0.0
+    for j in range(D):
+        u = np.float64(dyr[j]) * gamma[j]
+        su += u
+        sut += u * ((xr[j] - m) * r)
+    mean_g = su / D
+    mean_gxhat = sut / D
+    for j in range(D):
+        xhat = (xr[j] - m) * r
+        dxr[j] = r * ((np.float64(dyr[j]) * gamma[j] - mean_g) - xhat * mean_gxhat)
+        pg[j] += dyr[j] * xhat
+        pb[j] += dyr[j]
+
+
+@njit(parallel=True, cache=True)
+def _forward_kernel(x, gamma, beta, eps, y, mean, rstd):
+    """Fill y (M, D) T, mean (M,) float64 and rstd (M,) float64 from x (M, D) T.
+
+    gamma, beta: (D,) T (ones and zeros stand in for absent parameters).
+    """
+    M, D = x.shape
+    T = x.dtype.type
+    for i in prange(M):
+        xr = x[i]  # (D,)
+        m0 = T(_sum(xr) / D)
+        s1, s2 = _sum_centred(xr, m0)
+        c = s1 / D
+        var = s2 / D - c * c
+        m = m0 + c
+        r = 1.0 / np.sqrt(var + eps)
+        if not (np.isfinite(m) and np.isfinite(var)):
+            m, r = _stats_scaled(xr, eps)
+            _write_y_f64(xr, m, r, gamma, beta, y[i])
+        else:
+            hi = T(m)
+            _write_y(xr, hi, T(m - hi), T(r), gamma, beta, y[i], x[min(i + 1, M - 1)])
+        mean[i] = m
+        rstd[i] = r
+
+
+@njit(parallel=True, cache=True)
+def _backward_kernel(x, dy, gamma, mean, rstd, dx, partial):
+    """Fill dx (M, D) T and partial (C, 2, D) float64 with each chunk's (dgamma, dbeta).
+
+    x, dy: (M, D) T; gamma: (D,) T; mean, rstd: (M,) float64; C = partial.shape[0].
+    """
+    M, D = x.shape
+    T = x.dtype.type
+    C = partial.shape[0]
+    for c in prange(C):
+        pg = partial[c, 0]  # (D,) float64
+        pb = partial[c, 1]  # (D,) float64
+        pg[:] = 0.0
+        pb[:] = 0.0
+        for i in range(c * M // C, (c + 1) * M // C):
+            m = mean[i]
+            r = rstd[i]
+            hi = T(m)
+            lo = T(m - hi)
+            su, sut = _sum_grad(x[i], dy[i], gamma, hi)
+            if np.isfinite(su) and np.isfinite(sut):
+                mean_g = T(su / D)
+                mean_gxhat = T(r * (sut - lo * su) / D)
+                nxt = min(i + 1, M - 1)
+                _write_dx(x[i], dy[i], gamma, hi, lo, T(r), mean_g, mean_gxhat, dx[i], pg, pb,
+                          x[nxt], dy[nxt])
+            else:
+                _write_dx_f64(x[i], dy[i], gamma, m, r, dx[i], pg, pb)
+
+
+@njit(parallel=True, cache=True)
+def _reduce_chunks(partial, out):
+    """out (2, D) float64 = sum over c of partial (C, 2, D), added in chunk order."""
+    C, _, D = partial.shape
+    for k in prange(2):
+        acc = out[k]  # (D,)
+        acc[:] = 0.0
+        for c in range(C):
+            p = partial[c, k]  # (D,)
+            for j in range(D):
+                acc[j] += p[j]
+
+
+@njit(parallel=True, cache=True)
+def _copy_kernel(src, dst):
+    M = src.shape[0]
+    for i in prange(M):
+        s = src[i]  # (D,)
+        d = dst[i]  # (D,)
+        for j in range(s.shape[0]):
+            d[j] = s[j]
+
+
+def copy(src: np.ndarray, dst: np.ndarray) -> None:
+    """dst[...] = src with Numba's threads: the yardstick for memory bandwidth.
+
+    Args:
+        src, dst: C-contiguous arrays of one shape and dtype (any number of axes).
+    """
+    if src.shape != dst.shape or src.dtype != dst.dtype:
+        raise ValueError(f"src and dst must match: {src.shape} {src.dtype} vs {dst.shape} "
+                         f"{dst.dtype}")
+    if not (src.flags.c_contiguous and dst.flags.c_contiguous):
+        raise ValueError("src and dst must be C-contiguous")
+    d = src.shape[-1] if src.ndim else 1
+    view = src.view(np.uint8).reshape(-1, d * src.itemsize)  # (M, D * itemsize)
+    _copy_kernel(view, dst.view(np.uint8).reshape(view.shape))
+
+
+def n_chunks(M: int) -> int:
+    """Number of row chunks of the backward's dgamma/dbeta partials: a function of M only.
+
+    A power of two (so 2, 4, 8, 16 threads share them evenly), at most MAX_CHUNKS, each with
+    at least ROWS_PER_CHUNK rows when M allows.
+    """
+    c = 1
+    while c * 2 <= MAX_CHUNKS and c * 2 * ROWS_PER_CHUNK <= M:
+        c *= 2
+    return c
+
+
+@dataclass(frozen=True)
+class CpuLayerNormCache:
+    """What the fused backward needs from the forward.
+
+    Attributes:
+        x: (M, D) the forward's input in the compute dtype: the caller's own memory when x was
+            a C-contiguous float32/float64 array (then it must not change before the backward),
+            else a converted copy.
+        mean: (M,) float64 row means (with the correction pass applied).
+        rstd: (M,) float64 1/sqrt(var + eps).
+        gamma: (D,) the caller's gamma (a reference), or None.
+        gamma_c: (D,) gamma in the compute dtype (ones when gamma is None).
+        beta_dtype: dtype of beta, or None when the forward had no beta (then dbeta is None).
+        x_shape: shape of the forward's x; dy must have this shape.
+        x_dtype: dtype of the forward's x; dx is returned in it.
+        owns_x: True when ``x`` is a copy made by the forward (counted in ``nbytes``).
+    """
+
+    x: np.ndarray
+    mean: np.ndarray
+    rstd: np.ndarray
+    gamma: np.ndarray | None
+    gamma_c: np.ndarray
+    beta_dtype: np.dtype | None
+    x_shape: tuple[int, ...]
+    x_dtype: np.dtype
+    owns_x: bool
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds of its own: mean and rstd, and x when it is a copy."""
+        own = self.mean.nbytes + self.rstd.nbytes
+        return own + (self.x.nbytes if self.owns_x else 0)
+
+
+def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, name: str,
+               inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"{name} must have shape {shape} and dtype {dtype}, got shape "
+                         f"{out.shape} and dtype {out.dtype}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{name} must be C-contiguous and writeable")
+    if any(np.may_share_memory(out, a) for a in inputs):
+        raise ValueError(f"{name} must not overlap the inputs (the cache keeps x for the "
+                         f"backward)")
+    return out
+
+
+def _as_compute(a: np.ndarray, cdt: np.dtype) -> np.ndarray:
+    """``a`` as a C-contiguous array of the native compute dtype, copied only if needed."""
+    return np.ascontiguousarray(a, dtype=cdt.newbyteorder("="))
+
+
+def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarray | None,
+             stats: tuple[np.ndarray, np.ndarray] | None
+             ) -> tuple[np.ndarray, CpuLayerNormCache]:
+    x = _check_x(x)
+    d = x.shape[-1]
+    gamma = check_param(gamma, "gamma", d)
+    beta = check_param(beta, "beta", d)
+    eps = check_eps(eps)
+    if out is not None:
+        out = _check_out(out, x.shape, x.dtype, "out", (x,))
+    cdt = compute_dtype(x.dtype)
+    x2 = _as_compute(x.reshape(-1, d), cdt)  # (M, D)
+    m = x2.shape[0]
+    gamma_c = np.ones(d, cdt) if gamma is None else _as_compute(gamma, cdt)  # (D,)
+    beta_c = np.zeros(d, cdt) if beta is None else _as_compute(beta, cdt)  # (D,)
+    mean, rstd = stats if stats is not None else (np.empty(m), np.empty(m))  # (M,), (M,)
+    direct = out is not None and x2.dtype == out.dtype
+    y2 = out.reshape(m, d) if direct else np.empty((m, d), x2.dtype)  # (M, D)
+    _forward_kernel(x2, gamma_c, beta_c, eps, y2, mean, rstd)
+    if out is None:
+        y = y2.astype(x.dtype, copy=False).reshape(x.shape)
+    else:
+        if not direct:
+            out.reshape(m, d)[...] = y2
+        y = out
+    cache = CpuLayerNormCache(
+        x=x2, mean=mean, rstd=rstd, gamma=gamma, gamma_c=gamma_c,
+        beta_dtype=None if beta is None else beta.dtype,
+        x_shape=x.shape, x_dtype=x.dtype, owns_x=not np.may_share_memory(x2, x),
+    )
+    return y, cache
+
+
+def layer_norm_forward(
+    x: np.ndarray,
+    gamma: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    eps: float = 1e-5,
+    *,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, CpuLayerNormCache]:
+    """Layer norm over the last axis of ``x``, fused: one parallel pass over the rows.
+
+    Args:
+        x: (..., D) floating array with at least one axis; never modified, and kept by
+            reference in the cache: do not modify it before the backward.
+        gamma: (D,) scale, or None for no scale.
+        beta: (D,) shift, or None for no shift.
+        eps: finite positive number added to the variance.
+        out: optional C-contiguous array of x's shape and dtype that receives y (reuse it
+            across calls: fresh outputs over 32 MB page-fault on every call).
+
+    Returns:
+        y: same shape and dtype as x (``out`` when given). float16/bfloat16 are computed in
+            float32.
+        cache: a :class:`CpuLayerNormCache` for :func:`layer_norm_backward`.
+    """
+    return _forward(x, gamma, beta, eps, out, None)
+
+
+def _backward(dy: object, cache: object, out: np.ndarray | None,
+              partial: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None,
+                                                   np.ndarray | None]:
+    if not isinstance(cache, CpuLayerNormCache):
+        raise TypeError(
+            f"cache must be the CpuLayerNormCache returned by layernorm.cpu.layer_norm_forward, "
+            f"got {type(cache).__name__}"
+        )
+    dy = as_float_array(dy, "dy")
+    if dy.shape != cache.x_shape:
+        raise ValueError(
+            f"dy must have the shape of the forward's x and y, {cache.x_shape}; got {dy.shape} "
+            f"(is this cache from another call?)"
+        )
+    if out is not None:
+        out = _check_out(out, cache.x_shape, cache.x_dtype, "out", (dy, cache.x))
+    x2 = cache.x  # (M, D)
+    m, d = x2.shape
+    dy2 = _as_compute(dy.reshape(m, d), x2.dtype)  # (M, D)
+    direct = out is not None and x2.dtype == out.dtype
+    dx2 = out.reshape(m, d) if direct else np.empty((m, d), x2.dtype)  # (M, D)
+    if partial is None:
+        partial = np.empty((n_chunks(m), 2, d))  # (C, 2, D) float64
+    _backward_kernel(x2, dy2, cache.gamma_c, cache.mean, cache.rstd, dx2, partial)
+    sums = np.empty((2, d))  # (2, D) float64: dgamma, dbeta
+    _reduce_chunks(partial, sums)
+    dgamma = None if cache.gamma is None else sums[0].astype(cache.gamma.dtype)  # (D,)
+    dbeta = None if cache.beta_dtype is None else sums[1].astype(cache.beta_dtype)  # (D,)
+    if out is None:
+        dx = dx2.astype(cache.x_dtype, copy=False).reshape(cache.x_shape)
+    else:
+        if not direct:
+            out.reshape(m, d)[...] = dx2
+        dx = out
+    return dx, dgamma, dbeta
+
+
+def layer_norm_backward(
+    dy: np.ndarray, cache: CpuLayerNormCache, *, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Gradients of layer norm given dL/dy and the forward's cache, fused.
+
+    Args:
+        dy: gradient of the loss w.r.t. y, same shape as the forward's x; never modified.
+        cache: the cache returned by :func:`layer_norm_forward`.
+        out: optional C-contiguous array of x's shape and dtype that receives dx.
+
+    Returns:
+        dx: same shape and dtype as x (``out`` when given).
+        dgamma: (D,) in gamma's dtype, or None when the forward had no gamma.
+        dbeta: (D,) in beta's dtype, or None when the forward had no beta.
+    """
+    return _backward(dy, cache, out, None)
+
+
+class LayerNorm:
+    """A stateful fused layer norm that reuses its output buffers between calls.
+
+    ``gamma`` starts at ones and ``beta`` at zeros (float64, shape (D,)). ``forward`` keeps the
+    cache (and a reference to x: do not modify x before ``backward``); ``backward`` returns dx
+    and stores ``dgamma`` and ``dbeta``. The returned y and dx are the module's own buffers,
+    overwritten by the next call with the same shape and dtype: copy them to keep them.
+    """
+
+    def __init__(self, D: int, eps: float = 1e-5) -> None:
+        if isinstance(D, bool) or not isinstance(D, (int, np.integer)):
+            raise TypeError(f"D must be an integer, got {type(D).__name__}: {D!r}")
+        if D < 1:
+            raise ValueError(f"D must be >= 1, got {D}")
+        self.D = int(D)
+        self.eps = check_eps(eps)
+        self.gamma = np.ones(self.D)
+        self.beta = np.zeros(self.D)
+        self.dgamma: np.ndarray | None = None
+        self.dbeta: np.ndarray | None = None
+        self._cache: CpuLayerNormCache | None = None
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def _buffer(self, name: str, shape: tuple[int, ...], dtype: np.dtype,
+                avoid: tuple[np.ndarray, ...] = ()) -> np.ndarray:
+        """The buffer ``name``, reallocated when its shape or dtype changes or it overlaps
+        an array in ``avoid`` (e.g. ``forward(forward(x))`` passes the y buffer as x)."""
+        buf = self._buffers.get(name)
+        if (buf is None or buf.shape != shape or buf.dtype != dtype
+                or any(np.may_share_memory(buf, a) for a in avoid)):
+            buf = self._buffers[name] = np.empty(shape, dtype)
+        return buf
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """y for x of shape (..., D), in a buffer reused by the next call."""
+        x = _check_x(x)
+        m = x.size // x.shape[-1]
+        y = self._buffer("y", x.shape, x.dtype, (x,))
+        stats = (self._buffer("mean", (m,), np.dtype(np.float64)),
+                 self._buffer("rstd", (m,), np.dtype(np.float64)))
+        y, self._cache = _forward(x, self.gamma, self.beta, self.eps, y, stats)
+        return y
+
+    __call__ = forward
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        """dx for the last :meth:`forward`, in a reused buffer; sets ``dgamma`` and ``dbeta``."""
+        if self._cache is None:
+            raise RuntimeError("LayerNorm.backward called before forward")
+        cache = self._cache
+        m, d = cache.x.shape
+        dy = as_float_array(dy, "dy")
+        dx = self._buffer("dx", cache.x_shape, cache.x_dtype, (dy, cache.x))
+        partial = self._buffer("partial", (n_chunks(m), 2, d), np.dtype(np.float64))
+        dx, self.dgamma, self.dbeta = _backward(dy, cache, dx, partial)
+        return dx
+
+    def __repr__(self) -> str:
+        return f"LayerNorm(D={self.D}, eps={self.eps}, fused CPU)"

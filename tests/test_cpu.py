@@ -1,0 +1,295 @@
+"""The fused Numba kernels (layernorm.cpu) against the NumPy reference, and their contracts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+numba = pytest.importorskip("numba")
+
+from layernorm import cpu, reference  # noqa: E402 - after the skip
+from layernorm.tolerances import tolerance  # noqa: E402
+
+HALF = ["float16"]
+try:
+    import ml_dtypes
+
+    HALF.append("bfloat16")
+except ImportError:
+    pass
+
+
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def _inputs(shape, dtype="float32", seed=0, loc=0.5, scale=2.0):
+    rng = np.random.default_rng(seed)
+    dt = _dtype(dtype)
+    d = shape[-1]
+    x = (rng.standard_normal(shape) * scale + loc).astype(dt)
+    return (x, rng.standard_normal(d).astype(dt), rng.standard_normal(d).astype(dt),
+            rng.standard_normal(shape).astype(dt))
+
+
+def _oracle(x, gamma, beta, dy, eps=1e-5):
+    """The float64 reference on the same (already rounded) inputs."""
+    f64 = [None if a is None else a.astype(np.float64) for a in (x, gamma, beta, dy)]
+    y, cache = reference.layer_norm_forward(f64[0], f64[1], f64[2], eps)
+    return (y, *reference.layer_norm_backward(f64[3], cache))
+
+
+def _assert_close(got, want, dtype):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if w is None:
+            assert g is None
+            continue
+        t = tolerance(dtype, "out" if i < 2 else "param")
+        np.testing.assert_allclose(g.astype(np.float64), w, atol=t.atol, rtol=t.rtol)
+
+
+def _run(x, gamma, beta, dy, eps=1e-5):
+    y, cache = cpu.layer_norm_forward(x, gamma, beta, eps)
+    return (y, *cpu.layer_norm_backward(dy, cache))
+
+
+def _bits(arrays):
+    return [None if a is None else a.tobytes() for a in arrays]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", *HALF])
+def test_matches_reference_per_dtype(dtype):
+    """Protects the fused results: y, dx, dgamma, dbeta within the dtype's tolerance, ragged D."""
+    x, g, b, dy = _inputs((3, 37, 769), dtype)
+    got = _run(x, g, b, dy)
+    assert all(a.dtype == _dtype(dtype) for a in got)
+    assert got[0].shape == x.shape and got[1].shape == x.shape
+    _assert_close(got, _oracle(x, g, b, dy), dtype)
+
+
+@pytest.mark.parametrize("d", [1, 2, 7, 100, 1023, 1025, 3000])
+def test_row_lengths_around_the_block_sizes(d):
+    """Protects the blocked sums' edges: D below, at and across BLOCK and SPAN boundaries."""
+    x, g, b, dy = _inputs((9, d))
+    _assert_close(_run(x, g, b, dy), _oracle(x, g, b, dy), "float32")
+
+
+def test_large_mean_small_spread_keeps_float32_accuracy():
+    """Protects the correction pass: x = 1000 + N(0, 0.01), ragged D = 769 (QuACK's case)."""
+    x, g, b, dy = _inputs((64, 769), loc=1000.0, scale=0.01)
+    _assert_close(_run(x, g, b, dy), _oracle(x, g, b, dy), "float32")
+
+
+def test_rows_whose_float32_sums_overflow():
+    """Protects the scaled float64 path: |x| ~ 1e20 and +-3e38 rows, where float32 sums overflow."""
+    x, g, b, dy = _inputs((4, 300))
+    x[0] *= np.float32(1e20)
+    x[1] = 3e38
+    x[1, ::2] = -3e38
+    got = _run(x, g, b, dy)
+    assert all(np.all(np.isfinite(a)) for a in got)
+    _assert_close(got, _oracle(x, g, b, dy), "float32")
+
+
+def test_nan_row_stays_nan_and_others_are_unaffected():
+    """Protects NaN propagation: a NaN in one row gives NaN in that row only."""
+    x, g, b, dy = _inputs((3, 50))
+    x[1, 7] = np.nan
+    y, dx, _, _ = _run(x, g, b, dy)
+    assert np.all(np.isnan(y[1])) and np.all(np.isnan(dx[1]))
+    want = _oracle(x[[0, 2]], g, b, dy[[0, 2]])
+    _assert_close((y[[0, 2]], dx[[0, 2]]), want[:2], "float32")
+
+
+@pytest.mark.parametrize("has_gamma", [True, False])
+@pytest.mark.parametrize("has_beta", [True, False])
+def test_gamma_and_beta_optional_independently(has_gamma, has_beta):
+    """Protects the optional parameters: dgamma/dbeta are None exactly when absent."""
+    x, g, b, dy = _inputs((5, 64))
+    g = g if has_gamma else None
+    b = b if has_beta else None
+    got = _run(x, g, b, dy)
+    assert (got[2] is None) == (not has_gamma) and (got[3] is None) == (not has_beta)
+    _assert_close(got, _oracle(x, g, b, dy), "float32")
+
+
+def test_parameter_dtypes_follow_the_reference():
+    """Protects dtypes: float64 gamma/beta with float32 x give float64 dgamma/dbeta."""
+    x, g, b, dy = _inputs((4, 16))
+    got = _run(x, g.astype(np.float64), b.astype(np.float16), dy)
+    assert got[0].dtype == np.float32 and got[2].dtype == np.float64
+    assert got[3].dtype == np.float16
+
+
+def test_d_equals_1():
+    """Protects D = 1: xhat = 0, so y = beta and dx = 0 exactly."""
+    x, g, b, dy = _inputs((6, 1))
+    y, dx, dg, db = _run(x, g, b, dy)
+    np.testing.assert_array_equal(y, np.broadcast_to(b, y.shape))
+    np.testing.assert_array_equal(dx, np.zeros_like(dx))
+    _assert_close((y, dx, dg, db), _oracle(x, g, b, dy), "float32")
+
+
+def test_zero_rows():
+    """Protects M = 0: empty y and dx, zero dgamma and dbeta."""
+    x, g, b, dy = _inputs((0, 8))
+    y, dx, dg, db = _run(x, g, b, dy)
+    assert y.shape == (0, 8) and dx.shape == (0, 8)
+    np.testing.assert_array_equal(dg, np.zeros(8, np.float32))
+    np.testing.assert_array_equal(db, np.zeros(8, np.float32))
+
+
+def test_non_contiguous_inputs_give_the_contiguous_results():
+    """Protects strided and transposed inputs: same bits as their contiguous copies."""
+    x, g, b, dy = _inputs((40, 130))
+    xs = x[:, ::2]  # (40, 65) strided rows
+    dys = dy[:, ::2]
+    gs, bs = g[::2], b[::2]
+    assert _bits(_run(xs, gs, bs, dys)) == _bits(_run(*(np.ascontiguousarray(a) for a in
+                                                        (xs, gs, bs, dys))))
+    xt = x.T  # (130, 40) Fortran order
+    gt, bt = _inputs((40,))[1:3]
+    dyt = _inputs((130, 40), seed=3)[3]
+    assert _bits(_run(xt, gt, bt, dyt)) == _bits(_run(np.ascontiguousarray(xt), gt, bt, dyt))
+
+
+def test_bitwise_deterministic_run_to_run_and_across_alignment():
+    """Protects determinism: two runs, and x at another address alignment, give equal bits."""
+    x, g, b, dy = _inputs((300, 1500))
+    first = _bits(_run(x, g, b, dy))
+    assert _bits(_run(x, g, b, dy)) == first
+    buf = np.empty(x.size + 1, np.float32)
+    shifted = buf[1:].reshape(x.shape)  # 4 bytes off the original alignment
+    shifted[...] = x
+    assert _bits(_run(shifted, g, b, dy)) == first
+
+
+def test_bitwise_identical_across_thread_counts():
+    """Protects the fixed chunking: 1 and 2 threads give equal bits (dgamma/dbeta included)."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 Numba threads")
+    x, g, b, dy = _inputs((300, 520))
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = _bits(_run(x, g, b, dy))
+        numba.set_num_threads(2)
+        two = _bits(_run(x, g, b, dy))
+    finally:
+        numba.set_num_threads(before)
+    assert one == two
+
+
+def test_n_chunks_is_a_power_of_two_set_by_m():
+    """Protects the chunk rule: powers of two up to MAX_CHUNKS, >= ROWS_PER_CHUNK rows each."""
+    assert [cpu.n_chunks(m) for m in (0, 1, 63, 64, 128, 4096, 10**6)] == [1, 1, 1, 2, 4, 16, 16]
+
+
+def test_out_buffers_are_filled_and_returned():
+    """Protects out=: the given arrays are returned, with the same values as fresh outputs."""
+    for dtype in ("float32", "float16"):
+        x, g, b, dy = _inputs((3, 5, 40), dtype)
+        y_out = np.empty_like(x)
+        y, cache = cpu.layer_norm_forward(x, g, b, out=y_out)
+        assert y is y_out
+        dx_out = np.full_like(x, np.nan)
+        dx, dg, db = cpu.layer_norm_backward(dy, cache, out=dx_out)
+        assert dx is dx_out
+        assert _bits((y, dx, dg, db)) == _bits(_run(x, g, b, dy))
+
+
+def test_bad_out_buffers_raise():
+    """Protects out= validation: type, shape/dtype, contiguity and overlap with the inputs."""
+    x, g, b, dy = _inputs((4, 8))
+    with pytest.raises(TypeError, match="out must be a numpy.ndarray"):
+        cpu.layer_norm_forward(x, out=[0.0] * 32)
+    with pytest.raises(ValueError, match="out must have shape"):
+        cpu.layer_norm_forward(x, out=np.empty((4, 8), np.float64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        cpu.layer_norm_forward(x, out=np.empty((8, 4), np.float32).T)
+    with pytest.raises(ValueError, match="overlap"):
+        cpu.layer_norm_forward(x, out=x)
+    _, cache = cpu.layer_norm_forward(x, g, b)
+    with pytest.raises(ValueError, match="overlap"):
+        cpu.layer_norm_backward(dy, cache, out=dy)
+
+
+def test_bad_inputs_raise_errors_naming_the_argument():
+    """Protects validation: the reference's checks, and a foreign cache."""
+    x, g, b, dy = _inputs((4, 8))
+    with pytest.raises(TypeError, match="x must have a floating dtype"):
+        cpu.layer_norm_forward(np.ones((2, 3), np.int64))
+    with pytest.raises(ValueError, match="x must have at least one axis"):
+        cpu.layer_norm_forward(np.float32(1.0))
+    with pytest.raises(ValueError, match="gamma must have shape"):
+        cpu.layer_norm_forward(x, np.ones(7, np.float32))
+    with pytest.raises(ValueError, match="eps must be a finite positive"):
+        cpu.layer_norm_forward(x, eps=-1.0)
+    _, cache = cpu.layer_norm_forward(x, g, b)
+    with pytest.raises(ValueError, match="dy must have the shape"):
+        cpu.layer_norm_backward(dy[:2], cache)
+    with pytest.raises(TypeError, match="dy must have a floating dtype"):
+        cpu.layer_norm_backward(dy.astype(np.int32), cache)
+    with pytest.raises(TypeError, match="cache must be the CpuLayerNormCache"):
+        cpu.layer_norm_backward(dy, reference.layer_norm_forward(x, g, b)[1])
+
+
+def test_cache_keeps_x_by_reference_and_counts_its_own_bytes():
+    """Protects the cache: x is not copied when usable as is; nbytes counts mean and rstd."""
+    x, g, b, _ = _inputs((10, 30))
+    _, cache = cpu.layer_norm_forward(x, g, b)
+    assert np.shares_memory(cache.x, x) and not cache.owns_x
+    assert cache.nbytes == 2 * 10 * 8
+    xh = x.astype(np.float16)
+    _, cache = cpu.layer_norm_forward(xh)
+    assert cache.owns_x and cache.nbytes == 2 * 10 * 8 + 10 * 30 * 4
+
+
+def test_layernorm_module_reuses_its_buffers():
+    """Protects cpu.LayerNorm: reference results, reused y/dx buffers, chained calls."""
+    x, _, _, dy = _inputs((6, 32))
+    mod, ref = cpu.LayerNorm(32), reference.LayerNorm(32)
+    y1 = mod.forward(x)
+    np.testing.assert_allclose(y1, ref.forward(x), atol=1e-5, rtol=1e-5)
+    dx1 = mod.backward(dy)
+    np.testing.assert_allclose(dx1, ref.backward(dy), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(mod.dgamma, ref.dgamma, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(mod.dbeta, ref.dbeta, atol=1e-5, rtol=1e-5)
+    assert mod.dgamma.dtype == np.float64
+    assert mod.forward(x) is y1 and mod.backward(dy) is dx1
+    y2 = mod.forward(y1)  # the y buffer is the input: the module must not overwrite it
+    np.testing.assert_allclose(y2, ref.forward(ref.forward(x)), atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="before forward"):
+        cpu.LayerNorm(4).backward(np.ones((1, 4)))
+    with pytest.raises(ValueError, match="D must be >= 1"):
+        cpu.LayerNorm(0)
+
+
+def test_copy_copies_and_checks_its_arguments():
+    """Protects the bandwidth yardstick: an exact copy; mismatched arrays raise."""
+    src = np.arange(24, dtype=np.float32).reshape(4, 6)
+    dst = np.zeros_like(src)
+    cpu.copy(src, dst)
+    np.testing.assert_array_equal(dst, src)
+    with pytest.raises(ValueError, match="must match"):
+        cpu.copy(src, np.zeros((4, 5), np.float32))
+
+
+def test_import_layernorm_does_not_import_numba():
+    """Protects the optional extra: `import layernorm` needs NumPy alone."""
+    code = "import sys, layernorm; assert 'numba' not in sys.modules, 'numba imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_numba_names_the_fast_extra():
+    """Protects the message when numba is absent: an ImportError naming the `fast` extra."""
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "try:\n    import layernorm.cpu\nexcept ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    assert "fast" in out and "numba" in out
