@@ -20,6 +20,7 @@ from pathlib import Path
 SECTIONS: list[tuple[str, str]] = [
     ("Gradient checks", "layernorm.check:report_section"),
     ("Numerical stability", "layernorm.stability:report_section"),
+    ("CPU kernels and bandwidth", "layernorm.bench:report_section"),
     ("GPU kernels", "layernorm.gpu.bench:report_section"),
 ]
 

@@ -1,0 +1,106 @@
+"""The benchmark harness: JSON schema, tables, plot, CLI and report section (never timings)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+
+import pytest
+
+from layernorm import bench, cli
+from layernorm.report import ReportContext
+
+TINY = bench.Case((3, 64), "float32")
+IMPLS = [i for i in ("numpy", "fused") if i in bench.available_impls()]
+
+
+@pytest.fixture(autouse=True)
+def _fast(monkeypatch):
+    monkeypatch.setattr(bench, "PAUSE_S", 0.0)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return bench.run_bench([TINY], IMPLS, rounds=2, quick=True, progress=lambda msg: None)
+
+
+def test_rows_carry_schema_machine_and_checks(result):
+    """Protects the JSON rows: one per (impl, op) plus copy, with the documented fields."""
+    rows = result["rows"]
+    assert {(r["impl"], r["op"]) for r in rows} == (
+        {(i, op) for i in IMPLS for op in bench.OPS} | {("copy", "copy")})
+    for r in rows:
+        assert r["shape"] == [3, 64] and r["M"] == 3 and r["D"] == 64 and r["dtype"] == "float32"
+        assert r["p20_ms"] <= r["p50_ms"] <= r["p80_ms"] and r["rounds"] == 2
+        assert r["gbps"] > 0 and r["copy_gbps"] > 0 and r["reps"] >= 1
+        assert r["machine"]["numpy"] and r["timestamp"] == result["meta"]["timestamp"]
+        assert set(r["speedup"]) == ({p for p in IMPLS if p != r["impl"]}
+                                     if r["impl"] != "copy" else set())
+        if r["impl"] != "copy":
+            assert r["check"] <= 1
+    fwd = next(r for r in rows if r["op"] == "fwd")
+    assert fwd["bytes"] == 2 * 3 * 64 * 4
+    json.dumps(result)  # serialisable as saved
+
+
+def test_tables_name_every_row(result):
+    """Protects the printed tables: every implementation in the full table; goals summarised."""
+    text = bench.format_table(result["rows"])
+    assert all(i in text for i in IMPLS) and "3x64" in text and "p50 ms (p20-p80)" in text
+    md = bench.summary_table(result["rows"], markdown=True)
+    assert md.startswith("| shape |") and "copy GB/s" in md
+    if "fused" in IMPLS:
+        assert "fwd met" in md or "fwd missed" in md
+
+
+def test_plot_writes_a_png(result, tmp_path):
+    """Protects the bandwidth plot: a PNG file."""
+    pytest.importorskip("matplotlib")
+    path = bench.plot_bandwidth(result["rows"], tmp_path / "bw.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_parse_shape():
+    """Protects --shape: "4096x1024" parses; empty, zero or non-numeric extents are refused."""
+    assert bench.parse_shape("4096x1024") == (4096, 1024)
+    assert bench.parse_shape("2X3x5") == (2, 3, 5)
+    for bad in ("", "4x0", "axb"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.parse_shape(bad)
+
+
+def test_cli_bench_saves_json(tmp_path, capsys):
+    """Protects `layernorm bench`: exit 0, the tables on stdout, the JSON at --out."""
+    out = tmp_path / "r.json"
+    argv = ["bench", "--shape", "2x48", "--rounds", "1", "--quick", "--out", str(out)]
+    for impl in IMPLS:
+        argv += ["--impl", impl]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "2x48" in text and "copy GB/s" in text
+    saved = json.loads(out.read_text())
+    assert saved["meta"]["machine"]["numpy"] and len(saved["rows"]) == 3 * len(IMPLS) + 1
+
+
+def test_cuda_device_dispatches_to_the_gpu_harness(monkeypatch):
+    """Protects --device cuda: the same args go to layernorm.gpu.bench.run_cuda."""
+    seen = []
+    fake = types.ModuleType("layernorm.gpu.bench")
+    fake.run_cuda = lambda args: seen.append(args) or 7
+    monkeypatch.setitem(sys.modules, "layernorm.gpu.bench", fake)
+    args = cli.build_parser().parse_args(["bench", "--device", "cuda", "--shape", "8x16"])
+    assert args._run(args) == 7
+    assert seen[0].shape == [(8, 16)] and seen[0].dtype is None
+
+
+def test_report_section_writes_plot_and_table(tmp_path, monkeypatch):
+    """Protects the report section: Markdown with the summary, the plot and the saved JSON."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(bench, "STANDARD_SHAPES", ((2, 32),))
+    monkeypatch.setattr(bench, "available_impls", lambda: IMPLS)
+    text = bench.report_section(ReportContext(outdir=tmp_path, quick=True))
+    assert "![bandwidth](bench_cpu_bandwidth.png)" in text and "| 2x32 |" in text
+    assert (tmp_path / "bench_cpu_bandwidth.png").exists()
+    assert json.loads((tmp_path / "bench_cpu.json").read_text())["rows"]
