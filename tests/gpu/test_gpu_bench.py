@@ -112,6 +112,39 @@ def test_report_section_with_results(tmp_path, monkeypatch):
     assert (out / "gpu-bandwidth.png").stat().st_size > 0
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # torch.compile
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_measure_provider_checks_and_times_both_passes(dtype, monkeypatch):
+    """Protects the measurement of one provider apart from CUDA timing: our layer_norm and
+    eager torch pass the reference check on the first rows, forward and backward (through
+    autograd, grads cleared before each run) are both run, and a wrong provider is caught."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    calls = []
+
+    def fake_time(fn, rounds, flush, before=None):
+        if before:
+            before()
+        fn()
+        calls.append(fn)
+        return [1.0] * rounds
+
+    monkeypatch.setattr(bench, "_time_ms", fake_time)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    x, dy = (torch.randn(8, 96, generator=g).to(device, getattr(torch, dtype)) for _ in "ab")
+    w, b = torch.ones(96, device=device), torch.zeros(96, device=device)
+    providers = {p.name: p for p in bench._providers(96)[0]}
+    for name in ("layernorm", "torch"):
+        times, err = bench._measure_provider(providers[name], dtype, x, w.to(x.dtype),
+                                             b.to(x.dtype), dy, 3, None)
+        assert err is None and set(times) == {"fwd", "bwd"} and times["fwd"] == [1.0] * 3
+    assert len(calls) == 4
+    wrong = bench.Provider("wrong", lambda x, w, b: x * 2)
+    _, err = bench._measure_provider(wrong, dtype, x, w.to(x.dtype), b.to(x.dtype), dy, 3, None)
+    assert err is not None and err.startswith("y:")
+
+
 def test_run_cuda_without_a_gpu(capsys):
     """Protects `layernorm bench --device cuda` on a machine without CUDA: a clear message and
     exit status 2, nothing written."""

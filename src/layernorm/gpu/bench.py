@@ -349,14 +349,16 @@ def _measure_provider(prov: Provider, dtype_name: str, x: Any, w: Any, b: Any, d
         err = _check_rows(dtype_name, x, w, b, prov.fn(x, w, b))
     times = {"fwd": _time_ms(lambda: prov.fn(x, w, b), rounds, flush)}
     if prov.backward:
-        leaves = [t.detach().requires_grad_() for t in (x, w, b) if t is not None]
-        y = prov.fn(*leaves, *([None] * (3 - len(leaves))))
+        xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+        bg = None if b is None else b.detach().requires_grad_()
+        y = prov.fn(xg, wg, bg)
         y.backward(dy, retain_graph=True)
-        err = err or _check_rows(dtype_name, x, w, b, y, dy, leaves[0].grad)
+        err = err or _check_rows(dtype_name, x, w, b, y, dy, xg.grad)
 
         def clear_grads() -> None:
-            for t in leaves:
-                t.grad = None
+            xg.grad = wg.grad = None
+            if bg is not None:
+                bg.grad = None
 
         times["bwd"] = _time_ms(lambda: y.backward(dy, retain_graph=True), rounds, flush,
                                 before=clear_grads)
