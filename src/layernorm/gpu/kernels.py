@@ -67,7 +67,7 @@ PROGRAMS_PER_SM = 4  # persistent programs per SM in the backward
 INTERPRETER_SMS = 4  # "SMs" under TRITON_INTERPRET=1, where programs run one after another
 REDUCE_BLOCK_P = 32  # partial rows summed per step by the second-stage reduction
 REDUCE_BLOCK_N = 256  # columns per program of the second-stage reduction
-REDUCE_NUM_WARPS = 4
+REDUCE_NUM_WARPS = 4  # warps per program of the second-stage reduction
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)  # var above this (or NaN): the sums overflowed
 
