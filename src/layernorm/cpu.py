@@ -113,7 +113,7 @@ MAX_CHUNKS = 16  # most chunks: float64 partial traffic stays ~1% of the bytes f
 
 @intrinsic
 def _prefetch(typingctx, arr, idx):
-    """Prefetch into L2 the cache line holding ``arr[idx]`` (a hint: never faults)."""
+    """Prefetch the cache line holding ``arr[idx]`` (a hint: never faults)."""
     if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
         return None
 
@@ -126,8 +126,8 @@ def _prefetch(typingctx, arr, idx):
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
             "llvm.prefetch.p0i8")
-        # read (0), locality 2 (prefetcht1: L2 and outward), data cache (1)
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(2), i32(1)])
+        # read (0), locality 3 (prefetcht0: all levels), data cache (1)
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
         return context.get_dummy_value()
 
     return types.none(arr, idx), codegen
@@ -199,17 +199,21 @@ def _sum_grad(xr, dyr, gamma, hi):
 # Element-wise sweeps, SPAN elements at a time, prefetching the next row's matching lines.
 
 
-@njit(cache=True)
+@njit(fastmath={"contract"}, cache=True)
 def _write_y(xr, hi, lo, rc, gamma, beta, yr, nxt):
-    """y = ((x - hi) - lo) * rstd * gamma + beta (all (D,) T), prefetching ``nxt`` (D,)."""
+    """y = xhat * gamma + beta, xhat = (x - hi) * rstd - lo * rstd (all (D,) T).
+
+    Prefetches the next row ``nxt`` (D,).
+    """
     D = xr.shape[0]
+    nlr = -lo * rc
     for j0 in range(0, D, SPAN):
         xb = xr[j0:j0 + SPAN]  # (<= SPAN,)
         gb = gamma[j0:j0 + SPAN]
         bb = beta[j0:j0 + SPAN]
         yb = yr[j0:j0 + SPAN]
         for j in range(xb.shape[0]):
-            yb[j] = ((xb[j] - hi) - lo) * rc * gb[j] + bb[j]
+            yb[j] = ((xb[j] - hi) * rc + nlr) * gb[j] + bb[j]
         _prefetch_span(nxt, j0, min(D, j0 + SPAN))
 
 
@@ -218,7 +222,8 @@ def _write_dx(xr, dyr, gamma, hi, lo, rc, mg, mgx, dxr, pg, pb, nx, ndy):
     """dx = rstd * ((u - mean_g) - xhat * mean_gxhat); pg += dy * xhat; pb += dy.
 
     xr, dyr, gamma, dxr: (D,) T; pg, pb: (D,) float64. Prefetches the next row's x and dy
-    (``nx``, ``ndy``: (D,)).
+    (``nx``, ``ndy``: (D,)). No FMA contraction here: fusing dy * gamma - mean_g would use
+    the unrounded product where mean_g summed the rounded one (for D = 1, dx != 0).
     """
     D = xr.shape[0]
     for j0 in range(0, D, SPAN):
@@ -384,9 +389,11 @@ def copy(src: np.ndarray, dst: np.ndarray) -> None:
                          f"{dst.dtype}")
     if not (src.flags.c_contiguous and dst.flags.c_contiguous):
         raise ValueError("src and dst must be C-contiguous")
+    # One kernel per item size: the bits move as unsigned integers of the same width.
+    bits = np.dtype(f"u{src.itemsize}")
     d = src.shape[-1] if src.ndim else 1
-    view = src.view(np.uint8).reshape(-1, d * src.itemsize)  # (M, D * itemsize)
-    _copy_kernel(view, dst.view(np.uint8).reshape(view.shape))
+    view = src.reshape(-1, d).view(bits)  # (M, D)
+    _copy_kernel(view, dst.reshape(view.shape).view(bits))
 
 
 def n_chunks(M: int) -> int:
@@ -451,9 +458,11 @@ def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, name: str,
     return out
 
 
-def _as_compute(a: np.ndarray, cdt: np.dtype) -> np.ndarray:
-    """``a`` as a C-contiguous array of the native compute dtype, copied only if needed."""
-    return np.ascontiguousarray(a, dtype=cdt.newbyteorder("="))
+def _as_compute(a: np.ndarray, cdt: np.dtype) -> tuple[np.ndarray, bool]:
+    """``a`` as a C-contiguous array of the native compute dtype, and whether it was copied."""
+    if a.dtype == cdt and a.dtype.isnative and a.flags.c_contiguous:
+        return a, False
+    return np.ascontiguousarray(a, dtype=cdt.newbyteorder("=")), True
 
 
 def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarray | None,
@@ -467,10 +476,11 @@ def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarra
     if out is not None:
         out = _check_out(out, x.shape, x.dtype, "out", (x,))
     cdt = compute_dtype(x.dtype)
-    x2 = _as_compute(x.reshape(-1, d), cdt)  # (M, D)
+    xc, owns_x = _as_compute(x, cdt)
+    x2 = xc.reshape(-1, d)  # (M, D)
     m = x2.shape[0]
-    gamma_c = np.ones(d, cdt) if gamma is None else _as_compute(gamma, cdt)  # (D,)
-    beta_c = np.zeros(d, cdt) if beta is None else _as_compute(beta, cdt)  # (D,)
+    gamma_c = np.ones(d, cdt) if gamma is None else _as_compute(gamma, cdt)[0]  # (D,)
+    beta_c = np.zeros(d, cdt) if beta is None else _as_compute(beta, cdt)[0]  # (D,)
     mean, rstd = stats if stats is not None else (np.empty(m), np.empty(m))  # (M,), (M,)
     direct = out is not None and x2.dtype == out.dtype
     y2 = out.reshape(m, d) if direct else np.empty((m, d), x2.dtype)  # (M, D)
@@ -484,7 +494,7 @@ def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarra
     cache = CpuLayerNormCache(
         x=x2, mean=mean, rstd=rstd, gamma=gamma, gamma_c=gamma_c,
         beta_dtype=None if beta is None else beta.dtype,
-        x_shape=x.shape, x_dtype=x.dtype, owns_x=not np.may_share_memory(x2, x),
+        x_shape=x.shape, x_dtype=x.dtype, owns_x=owns_x,
     )
     return y, cache
 
@@ -534,7 +544,7 @@ def _backward(dy: object, cache: object, out: np.ndarray | None,
         out = _check_out(out, cache.x_shape, cache.x_dtype, "out", (dy, cache.x))
     x2 = cache.x  # (M, D)
     m, d = x2.shape
-    dy2 = _as_compute(dy.reshape(m, d), x2.dtype)  # (M, D)
+    dy2 = _as_compute(dy, x2.dtype)[0].reshape(m, d)  # (M, D)
     direct = out is not None and x2.dtype == out.dtype
     dx2 = out.reshape(m, d) if direct else np.empty((m, d), x2.dtype)  # (M, D)
     if partial is None:
