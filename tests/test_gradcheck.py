@@ -191,6 +191,13 @@ def test_seed_makes_runs_reproducible():
         ({"eps": -1.0}, ValueError, "eps"),
         ({"rtol": -1.0}, ValueError, "rtol"),
         ({"names": ("a",)}, ValueError, "names"),
+        ({"eps": "1e-6"}, TypeError, "eps must be a real number"),
+        ({"eps": True}, TypeError, "eps must be a real number"),
+        ({"atol": "x"}, TypeError, "atol must be a real number"),
+        ({"rtol": float("inf")}, ValueError, "rtol must be finite"),
+        ({"max_elements": True}, TypeError, "max_elements must be an integer"),
+        ({"n_directions": np.int64(0)}, ValueError, "n_directions"),
+        ({"seed": -1}, ValueError, "seed"),
     ],
 )
 def test_bad_arguments(kwargs, exc, match):
@@ -211,3 +218,70 @@ def test_bad_vjp_results():
         ln.check_vjp(f, lambda x, g, b, d: vjp(x, g, b, d)[:2], args, names=NAMES)
     with pytest.raises(TypeError, match="args must be a tuple"):
         ln.check_vjp(f, vjp, args[0])
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_planted_bug_is_rejected_at_a_large_shape(bug):
+    """Protects fast mode's power at scale: its tolerance follows the typical size of
+    (vᵀJ)·u, which shrinks like 1/√n, so bugs stay visible for a million elements."""
+    x = RNG.standard_normal((8, 128, 1024))
+    gamma, beta = RNG.standard_normal(1024), RNG.standard_normal(1024)
+    with pytest.raises(ln.GradcheckError) as info:
+        ln.check_vjp(f, _planted(bug), (x, gamma, beta), names=NAMES, max_elements=64)
+    assert info.value.arg == BUGS[bug]
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_subtle_bug_is_rejected(mode):
+    """Protects the tolerance from growing loose: dx off by 1e-5 relative is still caught."""
+
+    def slightly_off(x, gamma, beta, dy):
+        dx, dg, db = vjp(x, gamma, beta, dy)
+        return dx * (1 + 1e-5), dg, db
+
+    with pytest.raises(ln.GradcheckError, match="for x"):
+        ln.check_vjp(f, slightly_off, _point(), mode=mode, names=NAMES)
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_gradients_are_rejected(mode, bad):
+    """Protects against NaN/inf passing silently (NaN compares false with any tolerance)."""
+
+    def poisoned(x, gamma, beta, dy):
+        dx, dg, db = vjp(x, gamma, beta, dy)
+        return dx * bad, dg, db
+
+    with pytest.raises(ln.GradcheckError, match="for x"):
+        ln.check_vjp(f, poisoned, _point(), mode=mode, names=NAMES)
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_no_false_alarm_at_a_large_offset(mode):
+    """Protects the step rule: x = 1e4 + N(0, 1) is stepped against its spread, not its size,
+    and the rounding of x ± h·u is not counted as error."""
+    x = 1e4 + RNG.standard_normal((16, 64))
+    ln.check_vjp(f, vjp, (x, RNG.standard_normal(64), RNG.standard_normal(64)), mode=mode)
+
+
+def test_user_step_is_used():
+    """Protects eps: a step of 0.5 on x³ has truncation error h² = 0.25 and must fail."""
+    x = np.array([1.0, 2.0, 3.0])
+    cube_vjp = lambda a, d: (3 * a**2 * d,)  # noqa: E731
+    ln.check_vjp(lambda a: a**3, cube_vjp, (x,), mode="full")
+    with pytest.raises(ln.GradcheckError):
+        ln.check_vjp(lambda a: a**3, cube_vjp, (x,), mode="full", eps=0.5)
+
+
+def test_readme_quick_start_catches_a_bug():
+    """Protects the README example: data drawn with seed 0 must not blind the checker
+    (its private generator is salted, so v is not proportional to x)."""
+    x = np.random.default_rng(0).standard_normal((4, 16, 64))
+    gamma, beta = np.ones(64), np.zeros(64)
+
+    def off(x, g, b, dy):
+        dx, dg, db = vjp(x, g, b, dy)
+        return dx * 1.001, dg, db
+
+    with pytest.raises(ln.GradcheckError):
+        ln.check_vjp(f, off, (x, gamma, beta), mode="fast")

@@ -6,28 +6,41 @@ compares the analytic vᵀJ from f_vjp with central differences of f, in float64
 ``mode="fast"`` (any size, a few evaluations): for each argument a, draw a random unit
 direction u over a and a random unit cotangent v over the output, and compare
 
-    numerical  (v·f(a + h u) - v·f(a - h u)) / 2h
-    analytic   (vᵀJ)·u           where vᵀJ = f_vjp(..., v)
+    numerical  (v·f(a₊) - v·f(a₋)) / 2h          a₊ = a + h u,  a₋ = a - h u (rounded)
+    analytic   (vᵀJ)·(a₊ - a₋) / 2h              vᵀJ = f_vjp(..., v)
 
-A wrong gradient passes only if its error is orthogonal to u, which a random u makes
-a probability-zero event. Tolerance: atol + rtol·‖vᵀJ‖₂ + the estimated round-off of the
-difference quotient, 16·ε·(|v·f₊| + |v·f₋|)/2h.
+The analytic side uses the step actually taken, a₊ - a₋, so the rounding of a ± h u does
+not count as error (it matters when |a| is large against h). A wrong gradient passes only
+if its error is orthogonal to u, a probability-zero event for a random u.
+
+Tolerance: atol + rtol·(|analytic| + ‖vᵀJ‖/√n) + round-off, where ‖vᵀJ‖/√n is the typical
+size of (vᵀJ)·u for a random unit u over n elements (so the test's power does not fade as
+n grows), and round-off = 2ε·(Σ|v∘f(a₊)| + Σ|v∘f(a₋)|)/2h bounds the rounding of the two
+dot products. Any non-finite value fails.
 
 ``mode="full"``: per element k of each argument (all of them, or a random sample of
 ``max_elements``), compare ∂(v·f)/∂a_k by central differences with (vᵀJ)_k. Tolerance per
 element: atol + rtol·max|vᵀJ| + the same round-off term.
 
+Step: h = 6e-6·max(1, std(a)) (ε^(1/3) balances truncation against round-off, scaled by
+the spread of a, not its size: x = 1e4 + N(0, 1) needs a step against 1, not 1e4). Fast
+mode multiplies it by n^(1/6): u moves each element by only about h/√n, so a longer step
+keeps round-off down while truncation, which falls with the displacement, stays small.
+
 A fast-mode failure is followed by a full check of that argument (sampled when large), so
 the error names an element. The caller's arrays are never touched: the checker works on
-private float64 copies.
+private float64 copies, and draws u and v from a private generator.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ._validate import is_float_dtype
 
 __all__ = ["ArgReport", "GradcheckError", "GradcheckReport", "check_vjp"]
 
@@ -132,26 +145,32 @@ class _Problem:
             )
         return gi
 
-    def directional(self, i: int, u: np.ndarray, v: np.ndarray, h: float) -> tuple[float, float]:
-        """Central difference of v·f along u in arg i, and its round-off estimate."""
+    def directional(self, i: int, u: np.ndarray, v: np.ndarray, h: float) -> tuple:
+        """Central difference of v·f along h·u in arg i.
+
+        Returns (numerical derivative, the step taken a₊ - a₋ divided by 2h, round-off bound).
+        """
         args = list(self.args)
-        args[i] = self.args[i] + h * u
-        fp = float(np.vdot(v, self.out(args)))
-        args[i] = self.args[i] - h * u
-        fm = float(np.vdot(v, self.out(args)))
-        return (fp - fm) / (2 * h), 16 * _EPS64 * (abs(fp) + abs(fm)) / (2 * h)
+        args[i] = ap = self.args[i] + h * u
+        vfp = v * self.out(args)
+        args[i] = am = self.args[i] - h * u
+        vfm = v * self.out(args)
+        num = (float(np.sum(vfp)) - float(np.sum(vfm))) / (2 * h)
+        noise = 2 * _EPS64 * (float(np.sum(np.abs(vfp))) + float(np.sum(np.abs(vfm)))) / (2 * h)
+        return num, (ap - am) / (2 * h), noise
 
 
 def _differentiable(a: object) -> bool:
-    return isinstance(a, np.ndarray) and (a.dtype.kind == "f" or a.dtype.name == "bfloat16")
+    return isinstance(a, np.ndarray) and is_float_dtype(a.dtype)
 
 
-def _step(a: np.ndarray, eps: float | None) -> float:
-    """Central-difference step: cube root of ε (≈ 6e-6) scaled by the argument's size."""
+def _step(a: np.ndarray, eps: float | None, fast: bool) -> float:
+    """Central-difference step for argument a (module docstring)."""
     if eps is not None:
         return eps
-    scale = float(np.sqrt(np.mean(np.square(a)))) if a.size else 1.0
-    return 6e-6 * max(1.0, scale)
+    spread = float(np.std(a)) if a.size else 1.0
+    h = 6e-6 * max(1.0, spread)
+    return h * a.size ** (1 / 6) if fast else h
 
 
 def _full(
@@ -176,15 +195,16 @@ def _full(
     for k in flat:
         e = np.zeros(a.size)
         e[k] = 1.0
-        num, noise = p.directional(i, e.reshape(a.shape), v, h)
+        num, step, noise = p.directional(i, e.reshape(a.shape), v, h)
         idx = np.unravel_index(k, a.shape)
-        ana = float(g[idx])
+        ana = float(g[idx]) * float(step[idx])
         err = abs(num - ana)
         tol = atol + rtol * scale + noise
-        max_abs = max(max_abs, err)
-        max_rel = max(max_rel, err / scale if scale > 0 else err)
-        if worst is None or err - tol > worst[0]:
-            worst = (err - tol, tuple(int(j) for j in idx), ana, num, tol)
+        max_abs = max(max_abs, err) if np.isfinite(err) else np.inf
+        max_rel = max(max_rel, err / scale if scale > 0 else err) if np.isfinite(err) else np.inf
+        excess = err - tol if np.isfinite(err) and np.isfinite(tol) else np.inf
+        if worst is None or excess > worst[0]:
+            worst = (excess, tuple(int(j) for j in idx), ana, num, tol)
     report = ArgReport(p.names[i], len(flat), max_abs, max_rel, tol_used)
     if worst is not None and worst[0] > 0:
         _, idx, ana, num, tol = worst
@@ -197,6 +217,22 @@ def _full(
             msg, arg=p.names[i], index=idx, analytic=ana, numerical=num, tolerance=tol
         )
     return report, None
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}: {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _real(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}: {value!r}")
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
 
 
 def check_vjp(
@@ -222,7 +258,8 @@ def check_vjp(
         args: the point to check at. Floating ndarrays are differentiated (as float64
             copies: the caller's arrays are never modified); anything else is passed as is.
         mode: ``"fast"`` (random directional derivatives) or ``"full"`` (per element).
-        eps: finite-difference step; default 6e-6·max(1, rms(arg)) per argument.
+        eps: finite-difference step; default 6e-6·max(1, std(arg)), times n^(1/6) in fast
+            mode (module docstring).
         atol, rtol: tolerances; defaults 1e-10 and 1e-6 (float64 central differences
             are good to about 1e-9 relative for smooth functions of moderate curvature).
         seed: seed of the checker's private random generator.
@@ -246,18 +283,22 @@ def check_vjp(
         names = [f"arg{i}" for i in range(len(args))]
     if len(names) != len(args):
         raise ValueError(f"names has {len(names)} entries for {len(args)} args")
-    if isinstance(n_directions, bool) or not isinstance(n_directions, int) or n_directions < 1:
-        raise ValueError(f"n_directions must be a positive integer, got {n_directions!r}")
-    if max_elements is not None and (not isinstance(max_elements, int) or max_elements < 1):
-        raise ValueError(f"max_elements must be a positive integer or None, got {max_elements!r}")
-    if eps is not None and not (np.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be a finite positive step, got {eps!r}")
-    atol = 1e-10 if atol is None else float(atol)
-    rtol = 1e-6 if rtol is None else float(rtol)
-    if not (atol >= 0 and rtol >= 0):
+    n_directions = _positive_int(n_directions, "n_directions")
+    if max_elements is not None:
+        max_elements = _positive_int(max_elements, "max_elements")
+    if eps is not None:
+        eps = _real(eps, "eps")
+        if eps <= 0:
+            raise ValueError(f"eps must be a finite positive step, got {eps!r}")
+    atol = 1e-10 if atol is None else _real(atol, "atol")
+    rtol = 1e-6 if rtol is None else _real(rtol, "rtol")
+    if atol < 0 or rtol < 0:
         raise ValueError(f"atol and rtol must be non-negative, got atol={atol}, rtol={rtol}")
 
-    rng = np.random.default_rng(seed)
+    # Salted, so that u and v never coincide with data the caller drew with the same seed.
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    rng = np.random.default_rng([int(seed), 0x9E3779B9])
     p = _Problem(f, f_vjp, args, names)
     if not p.diff:
         raise ValueError("args has no floating ndarray to differentiate")
@@ -268,7 +309,8 @@ def check_vjp(
         grads = p.vjp(v)
         for i in p.diff:
             g = p.grad_of(grads, i)
-            report, err = _full(p, i, g, v, _step(p.args[i], eps), atol, rtol, max_elements, rng)
+            h = _step(p.args[i], eps, fast=False)
+            report, err = _full(p, i, g, v, h, atol, rtol, max_elements, rng)
             if err is not None:
                 raise err
             reports.append(report)
@@ -281,19 +323,20 @@ def check_vjp(
         for i in p.diff:
             g = p.grad_of(grads, i)
             u = _unit(rng, g.shape)
-            h = _step(p.args[i], eps)
-            num, noise = p.directional(i, u, v, h)
-            ana = float(np.vdot(g, u))
+            h = _step(p.args[i], eps, fast=True)
+            num, step, noise = p.directional(i, u, v, h)
+            ana = float(np.vdot(g, step))
             gnorm = float(np.linalg.norm(g))
-            tol = atol + rtol * gnorm + noise
+            tol = atol + rtol * (abs(ana) + gnorm / np.sqrt(max(g.size, 1))) + noise
             err = abs(num - ana)
             s = stats[i]
-            s[0] = max(s[0], err)
-            s[1] = max(s[1], err / gnorm if gnorm > 0 else err)
+            s[0] = max(s[0], err) if np.isfinite(err) else np.inf
+            s[1] = max(s[1], err / gnorm if gnorm > 0 else err) if np.isfinite(err) else np.inf
             s[2] = max(s[2], tol)
-            if err > tol:
+            if not err <= tol:  # also catches NaN
                 # Point at an element: a full check of this argument with the same v.
-                _, full_err = _full(p, i, g, v, h, atol, rtol, max_elements, rng)
+                h_full = _step(p.args[i], eps, fast=False)
+                _, full_err = _full(p, i, g, v, h_full, atol, rtol, max_elements, rng)
                 where = (
                     f"; worst element: {full_err}"
                     if full_err is not None
