@@ -240,6 +240,18 @@ def test_float16_extremes_stay_finite():
     assert_close(y, ln.layer_norm_forward(x.astype(np.float64))[0], "float16")
 
 
+def test_float64_constant_rows_at_the_top_of_the_range():
+    """Protects the overflow path: a constant float64 row near 1e307 (its sum overflows,
+    and eps scaled by 4**-e underflows) still gives y = beta and rstd = 1/sqrt(eps)."""
+    x = np.full((2, 64), 1e307)
+    x[1, ::2] = -1e307
+    g, b = _affine(64)
+    y, cache = ln.layer_norm_forward(x, g, b, eps=1e-5)
+    np.testing.assert_allclose(y[0], b, atol=0, rtol=0)
+    np.testing.assert_allclose(cache.rstd[0], 1 / np.sqrt(1e-5), atol=0, rtol=1e-15)
+    np.testing.assert_allclose(y[1], g * np.tile([-1.0, 1.0], 32) + b, atol=1e-14, rtol=1e-14)
+
+
 def test_dtype_policy():
     """Protects: float64 stays float64, float32 stays float32, half computes in float32."""
     for dt, stat in [(np.float64, np.float64), (np.float32, np.float32), (np.float16, np.float32)]:
@@ -288,6 +300,16 @@ def test_property_against_float64_oracle(data, lead, d, dtype):
     want = [w.astype(np.float64) for w in want]
     # x of moderate scale keeps the condition number moderate, so the table's bounds apply
     assert_close(got[0].reshape(-1, d), want[0], dtype)
+    # dx cancels when g is near span{1, xhat}: bound its error by the size of the terms,
+    # rstd·(|g| + |mean(g)| + |xhat|·mean|g·xhat|), not by |dx| (docs/numerics.md)
+    x64 = x.reshape(-1, d).astype(np.float64)
+    g64 = dy.reshape(-1, d).astype(np.float64) * g.astype(np.float64)
+    rstd = 1 / np.sqrt(x64.var(axis=1, keepdims=True) + 1e-5)
+    xhat = (x64 - x64.mean(axis=1, keepdims=True)) * rstd
+    terms = rstd * (np.abs(g64) + np.abs(g64.mean(1, keepdims=True))
+                    + np.abs(xhat) * np.abs(g64 * xhat).mean(1, keepdims=True))
+    tol = tolerance(dtype, "out")
+    assert np.all(np.abs(got[1].reshape(-1, d) - want[1]) <= tol.atol + tol.rtol * terms)
     # dgamma is a sum over rows that may cancel: bound its error by the sum of |terms|
     tol = tolerance(dtype, "param")
     terms = np.abs(dy.reshape(-1, d).astype(np.float64) * want[0] / np.where(g == 0, 1, g))

@@ -88,3 +88,29 @@ def test_empty_leading_axis_is_fine():
     assert y.shape == dx.shape == (0, 4)
     np.testing.assert_array_equal(dg, np.zeros(4))
     np.testing.assert_array_equal(db, np.zeros(4))
+
+
+@pytest.mark.parametrize(
+    "dtype,eps",
+    [("float32", 1e-50), ("float32", 1e39), ("float16", 1e-40), ("float64", 1e-320)],
+)
+def test_eps_must_be_normal_in_the_compute_dtype(dtype, eps):
+    """Protects eps from silently becoming 0 or inf in float32 arithmetic (float16 inputs
+    compute in float32): 1e-50 would give rstd = inf on a constant row."""
+    with pytest.raises(ValueError, match="eps must be a normal"):
+        ln.layer_norm_forward(X.astype(dtype), eps=eps)
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix itself warns
+@pytest.mark.parametrize("kind", ["masked", "matrix"])
+def test_masked_arrays_and_matrices_are_refused(kind):
+    """Protects against reinterpretation: a mask would change the statistics silently."""
+    bad = np.ma.masked_array(X, mask=X > 1) if kind == "masked" else np.asmatrix(X)
+    with pytest.raises(TypeError, match="x must be a plain array"):
+        ln.layer_norm_forward(bad)
+
+
+def test_unsupported_float_dtype_is_refused():
+    """Protects the dtype list: long double is not one of the four supported dtypes."""
+    with pytest.raises(TypeError, match="x must have a floating dtype"):
+        ln.layer_norm_forward(X.astype(np.longdouble))

@@ -13,11 +13,14 @@ import numbers
 import numpy as np
 
 __all__ = [
+    "FLOAT_DTYPE_NAMES",
     "as_float_array",
     "check_eps",
     "check_param",
     "compute_dtype",
+    "is_float_dtype",
     "is_half",
+    "resolve_dtype",
 ]
 
 
@@ -35,34 +38,65 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if is_half(dtype) else np.dtype(dtype)
 
 
-def _is_float_dtype(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype.name == "bfloat16"
+FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
+def is_float_dtype(dtype: np.dtype) -> bool:
+    """True for the dtypes layernorm computes with: float16, bfloat16, float32, float64."""
+    return dtype.name in FLOAT_DTYPE_NAMES
+
+
+def resolve_dtype(name: str) -> np.dtype:
+    """The NumPy dtype called ``name``; bfloat16 comes from ml_dtypes (optional)."""
+    if name not in FLOAT_DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {', '.join(FLOAT_DTYPE_NAMES)}, got {name!r}")
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ImportError("bfloat16 needs ml_dtypes: pip install ml_dtypes") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 def as_float_array(a: object, name: str) -> np.ndarray:
-    """``a`` as an ndarray of a floating dtype, without copying an ndarray."""
-    if isinstance(a, np.ndarray):
-        arr = a
-    else:
-        try:
-            arr = np.asarray(a)
-        except Exception as exc:  # e.g. ragged nested lists
-            raise TypeError(f"{name} must be array-like, got {type(a).__name__}: {exc}") from None
-    if not _is_float_dtype(arr.dtype):
+    """``a`` as a plain ndarray of a supported floating dtype, without copying an ndarray.
+
+    Masked arrays and matrices are refused rather than silently reinterpreted; other
+    ndarray subclasses are viewed as plain arrays.
+    """
+    if isinstance(a, (np.ma.MaskedArray, np.matrix)):
+        raise TypeError(f"{name} must be a plain array, got {type(a).__name__} (not supported)")
+    try:
+        arr = np.asarray(a)
+    except Exception as exc:  # e.g. ragged nested lists
+        raise TypeError(f"{name} must be array-like, got {type(a).__name__}: {exc}") from None
+    if not is_float_dtype(arr.dtype):
         raise TypeError(
-            f"{name} must have a floating dtype (float16, bfloat16, float32 or float64), "
+            f"{name} must have a floating dtype ({', '.join(FLOAT_DTYPE_NAMES)}), "
             f"got dtype {arr.dtype}"
         )
     return arr
 
 
-def check_eps(eps: object) -> float:
-    """``eps`` as a Python float, or an error if it is not a finite positive number."""
+def check_eps(eps: object, dtype: np.dtype | None = None) -> float:
+    """``eps`` as a Python float, or an error if it is not a finite positive number.
+
+    With ``dtype`` (the compute dtype), eps must also be a normal number of that dtype, so
+    that var + eps can neither lose it to underflow nor overflow.
+    """
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}: {eps!r}")
     value = float(eps)
     if not math.isfinite(value) or value <= 0.0:
         raise ValueError(f"eps must be a finite positive number, got {value!r}")
+    if dtype is not None:
+        info = np.finfo(dtype)
+        if not float(info.tiny) <= value <= float(info.max):
+            raise ValueError(
+                f"eps must be a normal {np.dtype(dtype).name} number (the compute dtype), "
+                f"between {float(info.tiny):.3g} and {float(info.max):.3g}; got {value!r}"
+            )
     return value
 
 

@@ -107,7 +107,7 @@ def _normalize(x2: np.ndarray, cdt: np.dtype, eps: float) -> tuple[np.ndarray, n
     # C order keeps rows contiguous, so NumPy's row sums are pairwise; along a strided axis they
     # are sequential (float32, x = 1e4 + N(0, 1), D = 1e5: y error 1.6e-5 instead of 1.0e-7).
     xc = x2.astype(cdt, order="C")  # (M, D) working copy: the caller's x is never written
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         var = _centre(xc)  # (M,)
         rstd = 1.0 / np.sqrt(var + cdt.type(eps))  # (M,)
         xc *= rstd[:, None]  # (M, D) xhat, in place
@@ -117,9 +117,13 @@ def _normalize(x2: np.ndarray, cdt: np.dtype, eps: float) -> tuple[np.ndarray, n
             xs = x2[big].astype(np.float64)  # (B, D)
             e = np.frexp(np.max(np.abs(xs), axis=1))[1]  # (B,) max|x| < 2**e
             xs = np.ldexp(xs, -e[:, None])  # (B, D) max|xs| < 1
-            rstd_s = 1.0 / np.sqrt(_centre(xs) + np.ldexp(eps, -2 * e))  # (B,)
-            xc[big] = xs * rstd_s[:, None]  # (B, D)
-            rstd[big] = np.ldexp(rstd_s, -e)  # (B,)
+            var_s = _centre(xs)  # (B,)
+            rstd_s = 1.0 / np.sqrt(var_s + np.ldexp(eps, -2 * e))  # (B,)
+            # A constant row: eps*4**-e may underflow to 0, but var = 0 means rstd = 1/sqrt(eps)
+            # and xhat = 0 exactly, whatever the scale.
+            zero = var_s == 0  # (B,)
+            xc[big] = np.where(zero[:, None], 0.0, xs * rstd_s[:, None])  # (B, D)
+            rstd[big] = np.where(zero, 1.0 / np.sqrt(eps), np.ldexp(rstd_s, -e))  # (B,)
     return xc, rstd
 
 
@@ -145,8 +149,8 @@ def layer_norm_forward(
     d = x.shape[-1]
     gamma = check_param(gamma, "gamma", d)
     beta = check_param(beta, "beta", d)
-    eps = check_eps(eps)
     cdt = compute_dtype(x.dtype)
+    eps = check_eps(eps, cdt)
 
     xhat, rstd = _normalize(x.reshape(-1, d), cdt, eps)  # (M, D), (M,)
     if gamma is None:
