@@ -130,13 +130,13 @@ def _reference_bytes(pass_: str, M: int, D: int, itemsize: int, gamma: bool, bet
     return total
 
 
-def _reference_peak(pass_: str, M: int, D: int, itemsize: int, gamma: bool) -> int:
+def _reference_peak(pass_: str, M: int, D: int, itemsize: int, affine: bool) -> int:
     """Peak bytes allocated during one reference call, beyond what existed before it.
 
     Forward: the working array that becomes xhat, plus either the squares or y (never both
     alive); half-precision inputs add the cast of y. Backward: dy·xhat and g (which becomes
     dx); half-precision inputs add the float32 copy of dy and the cast of dx.
-    O(M) and O(D) vectors (means, rstd, sums) are included.
+    O(M) and O(D) vectors (means, rstd, the float64 sums for dgamma/dbeta) are included.
     """
     _check_pass(pass_)
     cs = _compute_itemsize(itemsize)
@@ -146,7 +146,7 @@ def _reference_peak(pass_: str, M: int, D: int, itemsize: int, gamma: bool) -> i
         if itemsize != cs:
             peak += md * itemsize
         return peak
-    peak = 2 * md * cs + 2 * M * cs + 4 * D * 8
+    peak = 2 * md * cs + 2 * M * cs + (4 * D * 8 if affine else 0)
     if itemsize != cs:
         peak += md * cs + md * itemsize
     return peak
@@ -230,7 +230,7 @@ def cost(
                                                 extras=True),
         reference_bytes=_reference_bytes(pass_, M, D, itemsize, gamma, beta),
         cache_bytes=(M * D + M) * cs,
-        reference_peak_bytes=_reference_peak(pass_, M, D, itemsize, gamma),
+        reference_peak_bytes=_reference_peak(pass_, M, D, itemsize, affine),
     )
 
 
