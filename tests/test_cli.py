@@ -68,3 +68,20 @@ def test_import_needs_numpy_only():
             "'matplotlib') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_check_exits_1_when_a_low_precision_result_is_off(monkeypatch, capsys):
+    """Protects the dtype rows: a float32/float16 result outside the tolerance table fails."""
+    real = check.layer_norm_forward
+
+    def skewed(x, gamma=None, beta=None, eps=1e-5):
+        y, cache = real(x, gamma, beta, eps)
+        return (y * 1.01 if y.dtype != np.float64 else y), cache
+
+    monkeypatch.setattr(check, "layer_norm_forward", skewed)
+    assert cli.main(["check"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    dtype_rows = [r for r in lines if "vs float64 reference" in r]
+    fd_rows = [r for r in lines if "finite differences" in r]
+    assert dtype_rows and all(r.rstrip().endswith("FAIL") for r in dtype_rows)
+    assert fd_rows and all(r.rstrip().endswith("pass") for r in fd_rows)

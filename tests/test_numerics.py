@@ -380,3 +380,16 @@ def test_dx_target_holds_up_to_kappa_50():
     assert 20 < kappa < 80
     dx = ln.layer_norm_backward(dy, ln.layer_norm_forward(x, gamma)[1])[0]
     assert nx.relative_error(dx, ex.dx) <= 2e-5
+
+
+def test_backward_is_independent_of_memory_order_with_gamma():
+    """Protects the backward's C-order copy of dy: with gamma, a column-major dy must give
+    bit-identical results (summed along a strided row it would be sequential, 8x worse)."""
+    x = (1e4 + RNG.standard_normal((3, 20_000))).astype(np.float32)
+    dy = RNG.standard_normal((3, 20_000)).astype(np.float32)
+    gamma = RNG.standard_normal(20_000).astype(np.float32)
+    _, cache = ln.layer_norm_forward(x, gamma, None)
+    want = ln.layer_norm_backward(dy, cache)
+    got = ln.layer_norm_backward(np.asfortranarray(dy), cache)
+    for a, b in zip(got[:2], want[:2], strict=True):
+        np.testing.assert_array_equal(a, b)
