@@ -76,7 +76,7 @@ def test_check_exits_1_when_a_low_precision_result_is_off(monkeypatch, capsys):
 
     def skewed(x, gamma=None, beta=None, eps=1e-5):
         y, cache = real(x, gamma, beta, eps)
-        return (y * 1.01 if y.dtype != np.float64 else y), cache
+        return (y * 1.05 if y.dtype != np.float64 else y), cache
 
     monkeypatch.setattr(check, "layer_norm_forward", skewed)
     assert cli.main(["check"]) == 1
