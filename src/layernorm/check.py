@@ -89,8 +89,9 @@ def _dtype_row(shape: tuple[int, ...], dtype_name: str, seed: int) -> CheckRow:
         # normwise: relative to the largest |reference| value of this output
         max_rel = max(max_rel, float(err.max() / max(float(np.abs(b).max()), 1e-300)))
     t = tolerance(dtype_name, "out")
+    detail = "" if passed else "an element of y, dx, dgamma or dbeta is outside the tolerance"
     return CheckRow(shape, dtype_name, "vs float64 reference", max_abs, max_rel,
-                    f"{t.atol:.0e}+{t.rtol:.0e}|ref|", time.perf_counter() - t0, passed)
+                    f"{t.atol:.0e}+{t.rtol:.0e}|ref|", time.perf_counter() - t0, passed, detail)
 
 
 def _dtypes() -> list[str]:
