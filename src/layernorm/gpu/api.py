@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -102,7 +103,7 @@ def layer_norm(
         )
     weight = _check_param(weight, "weight", shape, x)
     bias = _check_param(bias, "bias", shape, x)
-    eps = check_eps(eps)
+    eps = check_eps(eps, np.dtype(np.float32))  # the kernels add eps in float32
 
     x2 = x.reshape(-1, math.prod(shape))  # (M, D), a view when the strides allow it
     if x2.stride(-1) != 1:
