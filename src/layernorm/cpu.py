@@ -40,33 +40,46 @@ backward**, exactly as PyTorch's saved tensors. (The reference keeps its own xha
 
 Summation order and determinism. Every row sum above accumulates in blocks of BLOCK elements
 in T, each block total added to a float64 scalar. Inside a block the sum is vectorised by LLVM
-with ``fastmath={"reassoc"}`` applied to the reduction helpers only: the vectoriser keeps
-VF x UF independent lanes (8 x 4 = 32 float32 lanes with 256-bit vectors) and adds them in a
-fixed tree at the end of the block. The order is fixed by the compiled code, not by the data's
-address or the thread schedule: results are bit-identical run to run and for any thread count
-on one machine (tests check both), but a CPU with other vector widths may round differently.
-An explicit fixed-order lane accumulator (LANES partial sums in a small array, identical order
-on every machine) was measured here against this choice, on a 768-element float32 row in L1
+with ``fastmath={"reassoc"}`` applied to the reduction helpers only: with 256-bit vectors the
+vectoriser keeps 4 x 8 = 32 independent float32 lanes, adds them in a fixed tree at the end of
+the block, then adds the block's remainder (4 lanes, then one by one). The order is fixed by the
+compiled code and D, not by the data's address or the thread schedule: results are
+bit-identical run to run, at any alignment and for any thread count on one machine (tests check
+all three), but a CPU with other vector widths may round differently in the last place.
+An explicit fixed-order lane accumulator (LANES partial sums in a small array, the same order
+on every machine) was measured against this choice, on a 768-element float32 row in L1
 (1 thread, ns per element): sequential float64 sum 0.58, explicit 64-lane float64 accumulator
-0.16, explicit 64-lane float32 0.09, LLVM's reassociated block sum 0.026-0.05. In the full
-forward on (4096, 768) that was 58-61% of copy bandwidth for explicit lanes against 70% for the
-reassociated sums (before prefetching, below). Speed won: the reduction order is fixed per
-machine, not across machines. Blocks keep float32 partial sums short (32 terms a lane), so
-their error stays at a few float32 ulps of the block's sum of magnitudes.
+0.16, explicit 64-lane float32 accumulator 0.09, LLVM's reassociated block sum 0.026-0.05 (Numba
+turns off LLVM's SLP vectoriser, so explicit lanes stay in memory). In the whole forward on
+(4096, 768) that was 58-61% of copy bandwidth with explicit lanes against 70% with the
+reassociated sums (before prefetching). Speed won: the order is fixed per machine, not across
+machines. Each float32 lane sums at most 32 terms of a block before the float64 total, so the
+error stays at a few float32 ulps of the block's sum of magnitudes.
 
 dgamma and dbeta: rows are split into ``n_chunks(M)`` chunks, fixed by M alone (a power of two,
 at most MAX_CHUNKS, at least ROWS_PER_CHUNK rows each), never by the thread count. Each chunk
 adds its rows in order into float64 partials (the products dy * xhat rounded to T first, as in
 the reference), and the partials are added chunk 0, 1, ... in a final pass: no atomics, no
-locks, bit-identical across thread counts. (Summing groups of 16 rows in float32 before the
-float64 partials measured no faster once prefetching hid the arithmetic, and missed the
-float32 tolerance on dbeta at M = 4096: 1.5e-5 against 1.2e-5.)
+locks, bit-identical across thread counts. This accumulation is the backward's main cost: the
+float64 read-modify-write halves the vector width of the second sweep, and without it the
+backward measured 1.6-1.9x faster on (4096, 768) and (64, 65536). Summing groups of 8 rows in
+float32 before the float64 partials measured 1.1-1.3x faster on those shapes (no faster on
+(4096, 4096)), but at M = 4096 its dbeta error was 0.4 of the float32 tolerance against 0.01
+here, and its dgamma error 0.97 against 0.89 (M = 16384: dbeta 1.02); float64 it is.
 
-Memory. Each kernel issues software prefetches (``prefetcht1``) for the next row while it
-computes on the current one, so memory keeps streaming during the cache-resident sweeps; that
-took the backward on (4096, 768) from about 60% to about 80% of copy bandwidth here. Reuse
-outputs (``out=``, or :class:`LayerNorm`, which keeps its buffers): a fresh output over 32 MB
-is mmapped and page-faulted on every call, which alone costs 1.3-3.5x.
+Memory. The output sweep of each row prefetches (``prefetcht0``) the next row's first
+PREFETCH_BYTES of x (and dy), so the memory system works while the core sweeps the current row
+in cache; further prefetching only evicts the current row of long rows. Reuse outputs (``out=``,
+or :class:`LayerNorm`, which keeps its buffers): a fresh output over 32 MB is mmapped and
+page-faulted on every call, which alone costs 1.3-3.5x. A call also costs about 60 us besides
+the arithmetic (argument checks and dispatch, run with the interpreter's data evicted from the
+caches by the previous kernel), against about 33 us for PyTorch's ``layer_norm``: 5-10% of
+a forward on (4096, 768).
+
+FMA. The forward's output sweep is compiled with ``fastmath={"contract"}``: xhat = (x - hi) *
+rstd + (-lo * rstd) and y = xhat * gamma + beta become fused multiply-adds (one rounding each,
+fixed by the compiled code). The backward's is not: fusing dy * gamma - mean(g) would subtract
+mean(g), a sum of rounded products, from an unrounded product (for D = 1, dx would not be 0).
 
 float16 and bfloat16 inputs are converted to float32 with NumPy at the boundary and the
 results converted back; Numba has no half-precision type on the CPU. The conversions are
@@ -107,6 +120,7 @@ __all__ = [
 BLOCK = 1024  # elements summed in T before the block total joins a float64 sum
 SPAN = 256  # elements of the output sweep between prefetch bursts (16 cache lines of float32)
 LINE_BYTES = 64  # cache line; prefetches are issued one per line
+PREFETCH_BYTES = 32 * 1024  # of the next row; past that, the hardware prefetcher streams it
 ROWS_PER_CHUNK = 32  # fewest rows in a backward chunk
 MAX_CHUNKS = 16  # most chunks: float64 partial traffic stays ~1% of the bytes for M >= 4096
 
@@ -135,9 +149,9 @@ def _prefetch(typingctx, arr, idx):
 
 @njit(cache=True)
 def _prefetch_span(row, j0, j1):
-    """Prefetch the lines of ``row[j0:j1]`` (row: (D,))."""
+    """Prefetch the lines of ``row[j0:j1]`` within its first PREFETCH_BYTES (row: (D,))."""
     step = max(1, LINE_BYTES // row.itemsize)
-    for k in range(j0, j1, step):
+    for k in range(j0, min(j1, PREFETCH_BYTES // row.itemsize), step):
         _prefetch(row, k)
 
 
