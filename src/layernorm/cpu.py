@@ -67,14 +67,16 @@ float32 before the float64 partials measured 1.1-1.3x faster on those shapes (no
 (4096, 4096)), but at M = 4096 its dbeta error was 0.4 of the float32 tolerance against 0.01
 here, and its dgamma error 0.97 against 0.89 (M = 16384: dbeta 1.02); float64 it is.
 
-Memory. The output sweep of each row prefetches (``prefetcht0``) the next row's first
-PREFETCH_BYTES of x (and dy), so the memory system works while the core sweeps the current row
-in cache; further prefetching only evicts the current row of long rows. Reuse outputs (``out=``,
-or :class:`LayerNorm`, which keeps its buffers): a fresh output over 32 MB is mmapped and
-page-faulted on every call, which alone costs 1.3-3.5x. A call also costs about 60 us besides
-the arithmetic (argument checks and dispatch, run with the interpreter's data evicted from the
-caches by the previous kernel), against about 33 us for PyTorch's ``layer_norm``: 5-10% of
-a forward on (4096, 768).
+Memory. The output sweep of each row prefetches (``prefetcht1``) the next row's x (and dy),
+span by span, so the memory system works while the core sweeps the current row in cache.
+Measured here: 3-4% faster on (4096, 768), 20% on the backward of (4096, 4096), but 9% slower
+on the backward of (64, 65536), whose 256 KB rows it partly evicts from L2 (prefetching into
+L1, or only the first 32 KB of a row, measured no better within the noise). Reuse outputs
+(``out=``, or :class:`LayerNorm`, which keeps its buffers): a fresh output over 32 MB is
+mmapped and page-faulted on every call, which alone costs 1.3-3.5x. A call also costs about
+60 us besides the arithmetic (argument checks and dispatch, run with the interpreter's data
+evicted from the caches by the previous kernel), against about 33 us for PyTorch's
+``layer_norm``: 5-10% of a forward on (4096, 768).
 
 FMA. The forward's output sweep is compiled with ``fastmath={"contract"}``: xhat = (x - hi) *
 rstd + (-lo * rstd) and y = xhat * gamma + beta become fused multiply-adds (one rounding each,
@@ -120,7 +122,6 @@ __all__ = [
 BLOCK = 1024  # elements summed in T before the block total joins a float64 sum
 SPAN = 256  # elements of the output sweep between prefetch bursts (16 cache lines of float32)
 LINE_BYTES = 64  # cache line; prefetches are issued one per line
-PREFETCH_BYTES = 32 * 1024  # of the next row; past that, the hardware prefetcher streams it
 ROWS_PER_CHUNK = 32  # fewest rows in a backward chunk
 MAX_CHUNKS = 16  # most chunks: float64 partial traffic stays ~1% of the bytes for M >= 4096
 
@@ -140,8 +141,8 @@ def _prefetch(typingctx, arr, idx):
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
             "llvm.prefetch.p0i8")
-        # read (0), locality 3 (prefetcht0: all levels), data cache (1)
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        # read (0), locality 2 (prefetcht1: L2 and outward), data cache (1)
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(2), i32(1)])
         return context.get_dummy_value()
 
     return types.none(arr, idx), codegen
@@ -149,9 +150,9 @@ def _prefetch(typingctx, arr, idx):
 
 @njit(cache=True)
 def _prefetch_span(row, j0, j1):
-    """Prefetch the lines of ``row[j0:j1]`` within its first PREFETCH_BYTES (row: (D,))."""
+    """Prefetch the lines of ``row[j0:j1]`` (row: (D,))."""
     step = max(1, LINE_BYTES // row.itemsize)
-    for k in range(j0, min(j1, PREFETCH_BYTES // row.itemsize), step):
+    for k in range(j0, j1, step):
         _prefetch(row, k)
 
 
