@@ -94,6 +94,19 @@ def test_rows_whose_float32_sums_overflow():
     _assert_close(got, _oracle(x, g, b, dy), "float32")
 
 
+@pytest.mark.parametrize("dtype, value", [("float32", 0.1), ("float32", -3e38),
+                                          ("float64", 1.5e308), ("float64", 7.0)])
+def test_constant_rows_match_the_reference(dtype, value):
+    """Protects constant rows, up to the top of the range: xhat = 0, so y = beta, dgamma = 0."""
+    x, g, b, dy = _inputs((3, 77), dtype)
+    x[...] = value
+    got = _run(x, g, b, dy)
+    t = tolerance(dtype, "out")
+    np.testing.assert_allclose(got[0], np.broadcast_to(b, x.shape), atol=t.atol, rtol=t.rtol)
+    np.testing.assert_allclose(got[2], 0.0, atol=t.atol, rtol=t.rtol)
+    _assert_close(got, _oracle(x, g, b, dy), dtype)
+
+
 def test_nan_row_stays_nan_and_others_are_unaffected():
     """Protects NaN propagation: a NaN in one row gives NaN in that row only."""
     x, g, b, dy = _inputs((3, 50))
@@ -228,6 +241,8 @@ def test_bad_inputs_raise_errors_naming_the_argument():
         cpu.layer_norm_forward(x, np.ones(7, np.float32))
     with pytest.raises(ValueError, match="eps must be a finite positive"):
         cpu.layer_norm_forward(x, eps=-1.0)
+    with pytest.raises(ValueError, match="eps must be a normal float32"):
+        cpu.layer_norm_forward(x, eps=1e-300)
     _, cache = cpu.layer_norm_forward(x, g, b)
     with pytest.raises(ValueError, match="dy must have the shape"):
         cpu.layer_norm_backward(dy[:2], cache)

@@ -284,7 +284,12 @@ def _stats_scaled(xr, eps):
         s1 += d
         s2 += d * d
     c = s1 / D
-    rstd_s = 1.0 / math.sqrt(s2 / D - c * c + math.ldexp(eps, -2 * e))
+    var_s = s2 / D - c * c
+    if var_s <= 0.0:
+        # A constant row: eps * 4**-e may underflow to 0, but var = 0 means rstd =
+        # 1/sqrt(eps) and xhat = 0 exactly (x - x_0 = 0), whatever the scale (as the reference).
+        return np.float64(xr[0]), 1.0 / math.sqrt(eps)
+    rstd_s = 1.0 / math.sqrt(var_s + math.ldexp(eps, -2 * e))
     return math.ldexp(m0 + c, e), math.ldexp(rstd_s, -e)
 
 
@@ -327,7 +332,7 @@ def _forward_kernel(x, gamma, beta, eps, y, mean, rstd):
         m0 = T(_sum(xr) / D)
         s1, s2 = _sum_centred(xr, m0)
         c = s1 / D
-        var = s2 / D - c * c
+        var = max(s2 / D - c * c, 0.0)  # a variance: rounding must not take it below 0
         m = m0 + c
         r = 1.0 / np.sqrt(var + eps)
         if not (np.isfinite(m) and np.isfinite(var)):
@@ -487,10 +492,10 @@ def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarra
     d = x.shape[-1]
     gamma = check_param(gamma, "gamma", d)
     beta = check_param(beta, "beta", d)
-    eps = check_eps(eps)
+    cdt = compute_dtype(x.dtype)
+    eps = check_eps(eps, cdt)
     if out is not None:
         out = _check_out(out, x.shape, x.dtype, "out", (x,))
-    cdt = compute_dtype(x.dtype)
     xc, owns_x = _as_compute(x, cdt)
     x2 = xc.reshape(-1, d)  # (M, D)
     m = x2.shape[0]
