@@ -15,6 +15,7 @@ import numpy as np
 __all__ = [
     "FLOAT_DTYPE_NAMES",
     "as_float_array",
+    "available_dtypes",
     "check_eps",
     "check_param",
     "compute_dtype",
@@ -57,6 +58,15 @@ def resolve_dtype(name: str) -> np.dtype:
             raise ImportError("bfloat16 needs ml_dtypes: pip install ml_dtypes") from None
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
+
+
+def available_dtypes() -> list[str]:
+    """Names of the supported dtypes usable here (bfloat16 only with ml_dtypes installed)."""
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return [n for n in FLOAT_DTYPE_NAMES if n != "bfloat16"]
+    return list(FLOAT_DTYPE_NAMES)
 
 
 def as_float_array(a: object, name: str) -> np.ndarray:

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._table import render
+from ._validate import resolve_dtype
 from .cost import minimal_bytes
 from .tolerances import tolerance
 
@@ -67,17 +69,9 @@ class Case:
         return "x".join(map(str, self.shape)) + " " + self.dtype
 
 
-def _np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
 def _inputs(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    dt = _np_dtype(case.dtype)
+    dt = resolve_dtype(case.dtype)
     return {
         "x": (rng.standard_normal(case.shape, dtype=np.float32) * 2 + 0.5).astype(dt),
         "gamma": rng.standard_normal(case.D, dtype=np.float32).astype(dt),
@@ -213,7 +207,7 @@ def _check(results: Callable, a: dict[str, np.ndarray], dtype: str) -> float:
 
 
 def _copy_op(case: Case) -> tuple[Callable[[], object], str]:
-    dt = _np_dtype(case.dtype)
+    dt = resolve_dtype(case.dtype)
     src = np.ones((case.M, case.D), dt)  # (M, D)
     dst = np.empty_like(src)
     try:
@@ -374,15 +368,6 @@ def run_bench(cases: list[Case], impls: list[str], rounds: int, quick: bool,
     return {"meta": meta, "rows": rows}
 
 
-def _table(head: list[str], body: list[list[str]], markdown: bool) -> str:
-    if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join(fmt.format(*r) for r in [head, ["-" * w for w in widths], *body])
-
-
 def format_table(rows: list[dict], markdown: bool = False) -> str:
     """Every row: p50 (p20-p80) ms, GB/s, fraction of copy, speedups against the peers."""
     head = ["shape", "dtype", "impl", "op", "p50 ms (p20-p80)", "GB/s", "of copy",
@@ -397,7 +382,7 @@ def format_table(rows: list[dict], markdown: bool = False) -> str:
             f"{r['p50_ms']:.3f} ({r['p20_ms']:.3f}-{r['p80_ms']:.3f})", f"{r['gbps']:.1f}",
             f"{r['frac_copy']:.0%}", sp, chk,
         ])
-    return _table(head, body, markdown)
+    return render(head, body, markdown)
 
 
 def _find(rows: list[dict], shape: list[int], dtype: str, impl: str, op: str) -> dict | None:
@@ -443,7 +428,7 @@ def summary_table(rows: list[dict], markdown: bool = False) -> str:
             frac("torch", "fwd"), frac("torch", "bwd"),
             "-" if speed is None else f"{speed:.2f}x", ", ".join(goals),
         ])
-    return _table(head, body, markdown)
+    return render(head, body, markdown)
 
 
 def plot_bandwidth(rows: list[dict], path: Path) -> Path:

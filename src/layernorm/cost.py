@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ._table import render
+
 __all__ = [
     "FLOPS_PER_ELEMENT",
     "REFERENCE_PASSES",
@@ -270,8 +272,7 @@ def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None) -> 
                 if bandwidth_gbs:
                     row.append(f"{c.roofline_seconds(bandwidth_gbs * 1e9) * 1e3:.3f}")
                 rows.append(row)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    return render(head, rows, markdown=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._table import render
+from ._validate import available_dtypes, resolve_dtype
 from .numerics import (
     BACKWARD_MECHANISMS,
     VARIANCE_ALGORITHMS,
@@ -86,20 +88,8 @@ class Results:
     failed: list[str]
 
 
-def _dtype(name: str) -> np.dtype | None:
-    """The dtype called ``name``; None for bfloat16 without ml_dtypes."""
-    if name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            return None
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
 def _dtypes() -> list[np.dtype]:
-    return [dt for name in ("float16", "bfloat16", "float32", "float64")
-            if (dt := _dtype(name)) is not None]
+    return [resolve_dtype(name) for name in available_dtypes()]
 
 
 def _fmt(v: float) -> str:
@@ -243,7 +233,7 @@ def _ref_cases(sz: Sizes, rng: np.random.Generator) -> list[RefCase]:
 
 
 def _ref_row(case: RefCase, rng: np.random.Generator) -> tuple[list[str], list[str]]:
-    dt = _dtype(case.dtype)
+    dt = resolve_dtype(case.dtype)
     m, d = case.x.shape
     x = case.x.astype(dt)
     gamma = (1 + 0.5 * rng.standard_normal(d)).astype(dt)
@@ -390,18 +380,8 @@ def run_suite(quick: bool = False, seed: int = 0, timing: bool = True) -> Result
 
 
 def format_table(table: Table, markdown: bool = False) -> str:
-    if markdown:
-        lines = [f"**{table.title}**", "", "| " + " | ".join(table.head) + " |",
-                 "|" + "---|" * len(table.head)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
-                  for row in table.rows]
-    else:
-        widths = [max(len(r[i]) for r in [table.head, *table.rows])
-                  for i in range(len(table.head))]
-        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-        lines = [table.title, "", *(fmt.format(*r).rstrip()
-                                    for r in [table.head, ["-" * w for w in widths],
-                                              *table.rows])]
+    title = f"**{table.title}**" if markdown else table.title
+    lines = [title, "", render(table.head, table.rows, markdown)]
     if table.note:
         lines += ["", table.note]
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .._table import render
 from ..cost import minimal_bytes
 from ..tolerances import tolerance
 
@@ -151,12 +152,7 @@ def format_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
         ours = by.get("layernorm")
         line += [f"{by[p]['ms'] / ours['ms']:.2f}x" if ours and p in by else "-" for p in peers]
         body.append(line)
-    if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        return "\n".join(lines + ["| " + " | ".join(b) + " |" for b in body])
-    widths = [max(len(c[i]) for c in [head, *body]) for i in range(len(head))]
-    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
-    return "\n".join(fmt.format(*line) for line in [head, ["-" * w for w in widths], *body])
+    return render(head, body, markdown, align=">")
 
 
 def plot_bandwidth(rows: list[dict[str, Any]], path: Path) -> Path:
