@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module in COMMANDS.items():
         mod = importlib.import_module(module)
         summary = (mod.__doc__ or "").strip().splitlines()[0]
+        summary = summary.split("``: ", 1)[-1]  # drop a leading "``layernorm NAME``: "
         p = sub.add_parser(name, help=summary, description=mod.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
