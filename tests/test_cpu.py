@@ -196,6 +196,54 @@ def test_bitwise_identical_across_thread_counts():
     assert one == two
 
 
+def test_dgamma_dbeta_add_rows_in_order_into_float64_chunk_partials():
+    """Protects the documented dgamma/dbeta order through the row tiles: for each chunk, the
+    float64 sum of T(dy * xhat) row by row in row order, chunks added in order (bit-exact)."""
+    x, g, b, dy = _inputs((203, 300))  # 4 chunks of 50-51 rows: tiles and leftover rows
+    x[77] = 3e38  # a row whose float32 sums overflow, inside a tile: the float64 path
+    x[77, ::2] = -3e38
+    y, cache = cpu.layer_norm_forward(x, g, b)
+    _, dg, db = cpu.layer_norm_backward(dy, cache)
+    hi = cache.mean.astype(np.float32)
+    lo = (cache.mean - hi).astype(np.float32)
+    rc = cache.rstd.astype(np.float32)
+    m = x.shape[0]
+    want = np.zeros((2, x.shape[1]))
+    for c in range(cpu.n_chunks(m)):
+        part = np.zeros((2, x.shape[1]))
+        for i in range(c * m // cpu.n_chunks(m), (c + 1) * m // cpu.n_chunks(m)):
+            if i == 77:
+                xhat = (x[i].astype(np.float64) - cache.mean[i]) * cache.rstd[i]
+                part[0] += dy[i] * xhat
+            else:
+                xhat = ((x[i] - hi[i]) - lo[i]) * rc[i]  # float32, as the kernel
+                part[0] += dy[i] * xhat
+            part[1] += dy[i]
+        want += part
+    assert np.all(np.isfinite(want))
+    assert dg.tobytes() == want[0].astype(np.float32).tobytes()
+    assert db.tobytes() == want[1].astype(np.float32).tobytes()
+
+
+def test_dgamma_dbeta_over_a_million_rows_keep_float32_relative_accuracy():
+    """Protects the accuracy goal: dgamma/dbeta over 1e6 float32 rows within 1e-6 (relative,
+    norm-wise) of an fsum over float64 products."""
+    import math
+
+    x, g, b, dy = _inputs((1_000_000, 8), seed=5)
+    _, cache = cpu.layer_norm_forward(x, g, b)
+    _, dg, db = cpu.layer_norm_backward(dy, cache)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    mean = x64.mean(axis=1, keepdims=True)
+    xhat = (x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+    terms = dy64 * xhat  # (M, D)
+    want_g = np.array([math.fsum(terms[:, j]) for j in range(8)])
+    want_b = np.array([math.fsum(dy64[:, j]) for j in range(8)])
+    for got, want in ((dg, want_g), (db, want_b)):
+        err = np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
+        assert err <= 1e-6, err
+
+
 def test_n_chunks_is_a_power_of_two_set_by_m():
     """Protects the chunk rule: powers of two up to MAX_CHUNKS, >= ROWS_PER_CHUNK rows each."""
     assert [cpu.n_chunks(m) for m in (0, 1, 63, 64, 128, 4096, 10**6)] == [1, 1, 1, 2, 4, 16, 16]

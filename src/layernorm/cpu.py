@@ -60,20 +60,33 @@ dgamma and dbeta: rows are split into ``n_chunks(M)`` chunks, fixed by M alone (
 at most MAX_CHUNKS, at least ROWS_PER_CHUNK rows each), never by the thread count. Each chunk
 adds its rows in order into float64 partials (the products dy * xhat rounded to T first, as in
 the reference), and the partials are added chunk 0, 1, ... in a final pass: no atomics, no
-locks, bit-identical across thread counts. This accumulation is the backward's main cost: the
-float64 read-modify-write halves the vector width of the second sweep, and without it the
-backward measured 1.6-1.9x faster on (4096, 768) and (64, 65536). Summing groups of 8 rows in
-float32 before the float64 partials measured 1.1-1.3x faster on those shapes (no faster on
-(4096, 4096)), but at M = 4096 its dbeta error was 0.4 of the float32 tolerance against 0.01
-here, and its dgamma error 0.97 against 0.89 (M = 16384: dbeta 1.02); float64 it is.
+locks, bit-identical across thread counts. A chunk's rows go TILE = 4 at a time: sweep 1 for
+the four rows, then one second sweep over the four, each column's partials loaded once, given
+the four rows' terms in row order and stored once (the same additions in the same order as row
+by row, so the same bits; a chunk's last M % 4 rows, and tiles with a non-finite row, go row
+by row). Measured (backward alone, medians of 7 interleaved rounds, 1 thread, float32): no
+change on (4096, 768), whose partials stay in L1 anyway; 5% faster on (4096, 4096); 1.5x on
+(64, 65536), whose 1 MB of partials per chunk went out to L3 every row (2 threads: 1.08x,
+1.05x, 1.4x). Prefetching the next tile's rows in the second sweep measured 6-19% slower on
+all three, so the tiled sweep leaves it to the hardware prefetcher. The float64 accumulation
+stays the backward's main cost: LLVM vectorises the second sweep 4 lanes wide (the width of
+float64 in 256-bit vectors), so its float32 arithmetic runs at half width; without it the
+backward measured 1.6x faster on (4096, 768). Splitting the sweep into a full-width float32
+loop (dx and the products into an L1 scratch) and a float64 loop measured 9-17% slower.
+Summing the tile's terms in float32 before the float64 partials measured 1.1x faster on
+(4096, 768) (1.03x on the others), but earlier 8-row float32 groups gave a dbeta error at M =
+4096 of 0.4 of the float32 tolerance against 0.01 here, and at M = 16384 beyond it (1.02):
+float64 row by row it is. Over 10^6 rows of (10^6, 8) float32 the result is within 1.1e-7
+(dgamma) and 2.2e-8 (dbeta) of an fsum over float64 products, relative norm-wise (tested).
 
-Memory. The output sweep of each row prefetches (``prefetcht1``) the next row's x (and dy),
-span by span, so the memory system works while the core sweeps the current row in cache.
-Measured here: 3-4% faster on (4096, 768), 20% on the backward of (4096, 4096), but 9% slower
-on the backward of (64, 65536), whose 256 KB rows it partly evicts from L2 (prefetching into
-L1, or only the first 32 KB of a row, measured no better within the noise). Reuse outputs
-(``out=``, or :class:`LayerNorm`, which keeps its buffers): a fresh output over 32 MB is
-mmapped and page-faulted on every call, which alone costs 1.3-3.5x. A call also costs about
+Memory. The output sweep of each row prefetches (``prefetcht1``) the next row's x (the
+backward's row-by-row path also its dy; its tiles do not, see above), span by span, so the
+memory system works while the core sweeps the current row in cache. Measured here (with the
+backward still row by row): 3-4% faster on (4096, 768), 20% on the backward of (4096, 4096),
+but 9% slower on the backward of (64, 65536), whose 256 KB rows it partly evicts from L2
+(prefetching into L1, or only the first 32 KB of a row, measured no better within the noise).
+Reuse outputs (``out=``, or :class:`LayerNorm`, which keeps its buffers): a fresh output over
+32 MB is mmapped and page-faulted on every call, which alone costs 1.3-3.5x. A call also costs about
 60 us besides the arithmetic (argument checks and dispatch, run with the interpreter's data
 evicted from the caches by the previous kernel), against about 33 us for PyTorch's
 ``layer_norm``: 5-10% of a forward on (4096, 768).
@@ -124,6 +137,7 @@ SPAN = 256  # elements of the output sweep between prefetch bursts (16 cache lin
 LINE_BYTES = 64  # cache line; prefetches are issued one per line
 ROWS_PER_CHUNK = 32  # fewest rows in a backward chunk
 MAX_CHUNKS = 16  # most chunks: float64 partial traffic stays ~1% of the bytes for M >= 4096
+TILE = 4  # rows of a backward tile: its dgamma/dbeta terms join the float64 partials together
 
 
 @intrinsic
@@ -257,6 +271,52 @@ def _write_dx(xr, dyr, gamma, hi, lo, rc, mg, mgx, dxr, pg, pb, nx, ndy):
         _prefetch_span(ndy, j0, min(D, j0 + SPAN))
 
 
+@njit(cache=True)
+def _write_dx_tile(xt, dyt, gamma, st, dxt, pg, pb):
+    """dx for TILE rows at once, and their dgamma/dbeta terms added to pg, pb row by row.
+
+    xt, dyt, dxt: (TILE, D) T; gamma: (D,) T; st: (TILE, 5) T, per row (hi, lo, rstd, mean_g,
+    mean_gxhat); pg, pb: (D,) float64. Each partial is loaded once, gets the TILE rows' terms
+    added in row order (the same additions, in the same order, as TILE calls of _write_dx) and
+    is stored once. The rows are unrolled by hand so that LLVM vectorises over j.
+    """
+    D = xt.shape[1]
+    h0, l0, r0, g0, q0 = st[0, 0], st[0, 1], st[0, 2], st[0, 3], st[0, 4]
+    h1, l1, r1, g1, q1 = st[1, 0], st[1, 1], st[1, 2], st[1, 3], st[1, 4]
+    h2, l2, r2, g2, q2 = st[2, 0], st[2, 1], st[2, 2], st[2, 3], st[2, 4]
+    h3, l3, r3, g3, q3 = st[3, 0], st[3, 1], st[3, 2], st[3, 3], st[3, 4]
+    for j0 in range(0, D, SPAN):
+        j1 = min(D, j0 + SPAN)
+        a0, a1, a2, a3 = xt[0, j0:j1], xt[1, j0:j1], xt[2, j0:j1], xt[3, j0:j1]  # (<= SPAN,)
+        b0, b1, b2, b3 = dyt[0, j0:j1], dyt[1, j0:j1], dyt[2, j0:j1], dyt[3, j0:j1]
+        c0, c1, c2, c3 = dxt[0, j0:j1], dxt[1, j0:j1], dxt[2, j0:j1], dxt[3, j0:j1]
+        gb = gamma[j0:j1]
+        pgb = pg[j0:j1]
+        pbb = pb[j0:j1]
+        for j in range(a0.shape[0]):
+            g = gb[j]
+            sg = pgb[j]
+            sb = pbb[j]
+            xhat = ((a0[j] - h0) - l0) * r0
+            c0[j] = r0 * ((b0[j] * g - g0) - xhat * q0)
+            sg += b0[j] * xhat  # the product rounded to T, as in _write_dx
+            sb += b0[j]
+            xhat = ((a1[j] - h1) - l1) * r1
+            c1[j] = r1 * ((b1[j] * g - g1) - xhat * q1)
+            sg += b1[j] * xhat
+            sb += b1[j]
+            xhat = ((a2[j] - h2) - l2) * r2
+            c2[j] = r2 * ((b2[j] * g - g2) - xhat * q2)
+            sg += b2[j] * xhat
+            sb += b2[j]
+            xhat = ((a3[j] - h3) - l3) * r3
+            c3[j] = r3 * ((b3[j] * g - g3) - xhat * q3)
+            sg += b3[j] * xhat
+            sb += b3[j]
+            pgb[j] = sg
+            pbb[j] = sb
+
+
 # Rows whose T sums overflow (|x - mean| above ~1.8e19/sqrt(D) in float32), or hold inf or
 # NaN, take these float64 paths; other rows pay one isfinite test per row.
 
@@ -345,11 +405,32 @@ def _forward_kernel(x, gamma, beta, eps, y, mean, rstd):
         rstd[i] = r
 
 
+@njit(cache=True)
+def _backward_row(x, dy, gamma, mean, rstd, dx, pg, pb, i):
+    """Row i of the backward alone: dx[i], and its terms added to pg, pb (x, dy, dx: (M, D) T)."""
+    M, D = x.shape
+    T = x.dtype.type
+    m = mean[i]
+    r = rstd[i]
+    hi = T(m)
+    lo = T(m - hi)
+    su, sut = _sum_grad(x[i], dy[i], gamma, hi)
+    if np.isfinite(su) and np.isfinite(sut):
+        nxt = min(i + 1, M - 1)
+        _write_dx(x[i], dy[i], gamma, hi, lo, T(r), T(su / D), T(r * (sut - lo * su) / D),
+                  dx[i], pg, pb, x[nxt], dy[nxt])
+    else:
+        _write_dx_f64(x[i], dy[i], gamma, m, r, dx[i], pg, pb)
+
+
 @njit(parallel=True, cache=True)
 def _backward_kernel(x, dy, gamma, mean, rstd, dx, partial):
     """Fill dx (M, D) T and partial (C, 2, D) float64 with each chunk's (dgamma, dbeta).
 
     x, dy: (M, D) T; gamma: (D,) T; mean, rstd: (M,) float64; C = partial.shape[0].
+    Rows go TILE at a time (the chunk's last M % TILE rows, and a tile holding a row whose T
+    sums are not finite, one at a time): the partials get the same additions in the same row
+    order either way.
     """
     M, D = x.shape
     T = x.dtype.type
@@ -359,20 +440,30 @@ def _backward_kernel(x, dy, gamma, mean, rstd, dx, partial):
         pb = partial[c, 1]  # (D,) float64
         pg[:] = 0.0
         pb[:] = 0.0
-        for i in range(c * M // C, (c + 1) * M // C):
-            m = mean[i]
-            r = rstd[i]
-            hi = T(m)
-            lo = T(m - hi)
-            su, sut = _sum_grad(x[i], dy[i], gamma, hi)
-            if np.isfinite(su) and np.isfinite(sut):
-                mean_g = T(su / D)
-                mean_gxhat = T(r * (sut - lo * su) / D)
-                nxt = min(i + 1, M - 1)
-                _write_dx(x[i], dy[i], gamma, hi, lo, T(r), mean_g, mean_gxhat, dx[i], pg, pb,
-                          x[nxt], dy[nxt])
+        st = np.empty((TILE, 5), x.dtype)  # per row of a tile: hi, lo, rstd, mean_g, mean_gxhat
+        i = c * M // C
+        end = (c + 1) * M // C
+        while i + TILE <= end:
+            finite = True
+            for k in range(TILE):
+                r = rstd[i + k]
+                hi = T(mean[i + k])
+                lo = T(mean[i + k] - hi)
+                su, sut = _sum_grad(x[i + k], dy[i + k], gamma, hi)
+                finite = finite and np.isfinite(su) and np.isfinite(sut)
+                st[k, 0] = hi
+                st[k, 1] = lo
+                st[k, 2] = T(r)
+                st[k, 3] = T(su / D)
+                st[k, 4] = T(r * (sut - lo * su) / D)
+            if finite:
+                _write_dx_tile(x[i:i + TILE], dy[i:i + TILE], gamma, st, dx[i:i + TILE], pg, pb)
             else:
-                _write_dx_f64(x[i], dy[i], gamma, m, r, dx[i], pg, pb)
+                for k in range(TILE):
+                    _backward_row(x, dy, gamma, mean, rstd, dx, pg, pb, i + k)
+            i += TILE
+        for k in range(i, end):
+            _backward_row(x, dy, gamma, mean, rstd, dx, pg, pb, k)
 
 
 @njit(parallel=True, cache=True)
