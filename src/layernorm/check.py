@@ -20,6 +20,8 @@ from .reference import layer_norm_backward, layer_norm_forward
 from .tolerances import tolerance
 
 SHAPES: tuple[tuple[int, ...], ...] = ((8, 64), (4, 16, 128), (2, 3, 5, 33), (6, 1))
+# Fast mode's cost does not grow with size: one large shape shows it (the s column).
+LARGE_SHAPE: tuple[int, ...] = (8, 512, 1024)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ def run_checks(seed: int = 0) -> list[CheckRow]:
         rows.append(_gradcheck_row(shape, "full", seed))
         rows.extend(_dtype_row(shape, name, seed) for name in available_dtypes()
                     if name != "float64")
+    rows.append(_gradcheck_row(LARGE_SHAPE, "fast", seed))
     return rows
 
 
