@@ -27,9 +27,10 @@ the spread of a, not its size: x = 1e4 + N(0, 1) needs a step against 1, not 1e4
 mode multiplies it by n^(1/6): u moves each element by only about h/√n, so a longer step
 keeps round-off down while truncation, which falls with the displacement, stays small.
 
-A fast-mode failure is followed by a full check of that argument (sampled when large), so
-the error names an element. The caller's arrays are never touched: the checker works on
-private float64 copies, and draws u and v from a private generator.
+A fast-mode failure is followed by a full check of that argument, on a sample whose size
+keeps the cost to about 2^26 output elements computed, so the error names an element.
+The caller's arrays are never touched: the checker works on private float64 copies, and
+draws u and v from a private generator.
 """
 
 from __future__ import annotations
@@ -219,6 +220,18 @@ def _full(
     return report, None
 
 
+# Budget of output elements computed by the follow-up of a fast-mode failure: each sampled
+# input element costs two evaluations of f, so large outputs get a smaller sample (about a
+# second for a 4M-element layer norm) instead of minutes.
+_FOLLOWUP_OUTPUT_BUDGET = 2**26
+
+
+def _followup_size(n_in: int, n_out: int, max_elements: int | None) -> int:
+    """How many elements the full check after a fast-mode failure samples."""
+    cap = n_in if max_elements is None else min(n_in, max_elements)
+    return max(1, min(cap, max(16, _FOLLOWUP_OUTPUT_BUDGET // max(n_out, 1))))
+
+
 def _positive_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}: {value!r}")
@@ -336,11 +349,12 @@ def check_vjp(
             if not err <= tol:  # also catches NaN
                 # Point at an element: a full check of this argument with the same v.
                 h_full = _step(p.args[i], eps, fast=False)
-                _, full_err = _full(p, i, g, v, h_full, atol, rtol, max_elements, rng)
+                sample = _followup_size(g.size, y.size, max_elements)
+                _, full_err = _full(p, i, g, v, h_full, atol, rtol, sample, rng)
                 where = (
                     f"; worst element: {full_err}"
                     if full_err is not None
-                    else f"; no element of the {min(g.size, max_elements or g.size)} sampled "
+                    else f"; no element of the {sample} sampled "
                     f"exceeds its tolerance, so the error is spread or outside the sample"
                 )
                 raise GradcheckError(
