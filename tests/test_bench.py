@@ -104,3 +104,15 @@ def test_report_section_writes_plot_and_table(tmp_path, monkeypatch):
     assert "![bandwidth](bench_cpu_bandwidth.png)" in text and "| 2x32 |" in text
     assert (tmp_path / "bench_cpu_bandwidth.png").exists()
     assert json.loads((tmp_path / "bench_cpu.json").read_text())["rows"]
+
+
+def test_first_call_latency_runs_cold_then_warm():
+    """Protects the first-call report: a fresh process with an empty Numba cache, then one
+    that loads that cache; each gives import, forward and backward seconds (not asserted)."""
+    pytest.importorskip("numba")
+    latency = bench.first_call_latency()
+    assert list(latency) == ["cold", "warm"]
+    for t in latency.values():
+        assert set(t) == {"import_s", "forward_s", "backward_s"}
+        assert all(v > 0 for v in t.values())
+    assert "cold: import" in bench.format_latency(latency)

@@ -28,8 +28,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -467,6 +470,42 @@ def plot_bandwidth(rows: list[dict], path: Path) -> Path:
     return path
 
 
+# Runs in a fresh interpreter: import, then the first float32 forward and backward.
+_FIRST_CALL_SCRIPT = """
+import json, time
+t0 = time.perf_counter()
+import numpy as np
+import layernorm.cpu as lnc
+t1 = time.perf_counter()
+x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+y, cache = lnc.layer_norm_forward(x, np.ones(256, np.float32), np.zeros(256, np.float32))
+t2 = time.perf_counter()
+lnc.layer_norm_backward(y, cache)
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "forward_s": t2 - t1, "backward_s": t3 - t2}))
+"""
+
+
+def first_call_latency() -> dict[str, dict[str, float]]:
+    """Seconds to import ``layernorm.cpu`` and make the first float32 forward and backward in
+    a fresh process: ``cold`` with an empty Numba cache (it compiles), ``warm`` loading what
+    the cold run cached (what every later ``layernorm`` command pays)."""
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
+        result = {}
+        for label in ("cold", "warm"):
+            done = subprocess.run([sys.executable, "-c", _FIRST_CALL_SCRIPT], env=env,
+                                  capture_output=True, text=True, check=True)
+            result[label] = json.loads(done.stdout)
+    return result
+
+
+def format_latency(latency: dict[str, dict[str, float]]) -> str:
+    return "first call, fresh process (float32): " + "; ".join(
+        f"{label}: import {t['import_s']:.2f} s, forward {t['forward_s']:.2f} s, "
+        f"backward {t['backward_s']:.2f} s" for label, t in latency.items())
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"4096x1024"`` -> (4096, 1024); every extent a positive integer."""
     try:
@@ -524,12 +563,16 @@ def run(args: argparse.Namespace) -> int:
              for d in (args.dtype or ["float32"])]
     rounds = args.rounds or (5 if args.quick else 9)
     result = run_bench(cases, impls, rounds, args.quick)
+    if "fused" in impls:
+        result["meta"]["first_call"] = first_call_latency()
     rows = result["rows"]
     print(f"layernorm bench: {result['meta']['threads']} threads, {rounds} rounds, "
           f"copy = {rows[0]['copy']}; p50 (p20-p80) over rounds\n")
     print(format_table(rows))
     print()
     print(summary_table(rows))
+    if "first_call" in result["meta"]:
+        print("\n" + format_latency(result["meta"]["first_call"]))
     out = args.out or default_out()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -545,6 +588,8 @@ def report_section(ctx: object) -> str:
     cases = [Case(s, "float32") for s in STANDARD_SHAPES]
     result = run_bench(cases, available_impls(), 3 if ctx.quick else 5, quick=True)
     rows = result["rows"]
+    latency = first_call_latency() if "fused" in available_impls() else None
+    result["meta"]["first_call"] = latency
     (ctx.outdir / "bench_cpu.json").write_text(json.dumps(result, indent=1))
     png = plot_bandwidth(rows, ctx.outdir / "bench_cpu_bandwidth.png")
     return (
@@ -556,6 +601,8 @@ def report_section(ctx: object) -> str:
         f"{BWD_GOAL:.0%} of copy, fwd+bwd >= {STEP_GOAL}x PyTorch. A short run: reproduce "
         f"with `layernorm bench` (results in `bench/results/`).\n\n"
         + summary_table(rows, markdown=True)
+        + ("" if latency is None else "\n\nCompiled kernels are cached on disk; "
+           + format_latency(latency) + ".")
         + f"\n\n![bandwidth]({png.name})\n\n<details><summary>All rows</summary>\n\n"
         + format_table(rows, markdown=True)
         + "\n\n</details>\n"
