@@ -110,6 +110,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import reference
 from ._validate import as_float_array, check_eps, check_param, compute_dtype
 from .reference import _check_x
 
@@ -692,27 +693,18 @@ def layer_norm_backward(
     return _backward(dy, cache, out, None)
 
 
-class LayerNorm:
+class LayerNorm(reference.LayerNorm):
     """A stateful fused layer norm that reuses its output buffers between calls.
 
-    ``gamma`` starts at ones and ``beta`` at zeros (float64, shape (D,)). ``forward`` keeps the
-    cache (and a reference to x: do not modify x before ``backward``); ``backward`` returns dx
-    and stores ``dgamma`` and ``dbeta``. The returned y and dx are the module's own buffers,
-    overwritten by the next call with the same shape and dtype: copy them to keep them.
+    As :class:`layernorm.LayerNorm` (``gamma`` ones, ``beta`` zeros, float64 (D,); ``forward``
+    keeps the cache, ``backward`` returns dx and stores ``dgamma`` and ``dbeta``), except that
+    the cache holds a reference to x: do not modify x before ``backward``. The returned y and
+    dx are the module's own buffers, overwritten by the next call with the same shape and
+    dtype: copy them to keep them.
     """
 
     def __init__(self, D: int, eps: float = 1e-5) -> None:
-        if isinstance(D, bool) or not isinstance(D, (int, np.integer)):
-            raise TypeError(f"D must be an integer, got {type(D).__name__}: {D!r}")
-        if D < 1:
-            raise ValueError(f"D must be >= 1, got {D}")
-        self.D = int(D)
-        self.eps = check_eps(eps)
-        self.gamma = np.ones(self.D)
-        self.beta = np.zeros(self.D)
-        self.dgamma: np.ndarray | None = None
-        self.dbeta: np.ndarray | None = None
-        self._cache: CpuLayerNormCache | None = None
+        super().__init__(D, eps)
         self._buffers: dict[str, np.ndarray] = {}
 
     def _buffer(self, name: str, shape: tuple[int, ...], dtype: np.dtype,
