@@ -163,6 +163,32 @@ def test_rows_whose_sums_overflow(dtype, path, request):
     assert_close(db, want[3], dtype, "gpu-param")
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered",
+                            "ignore:divide by zero encountered")  # the interpreter's where
+@pytest.mark.parametrize("path", ["short", "long"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_name)
+def test_rows_at_the_top_of_the_float32_range(dtype, path, request):
+    """Protects the rescaling where max|x| >= 2**126 (its scale must stay a normal float32,
+    not flush to 0 or -inf) and constant rows on the scaled path (eps * scale**2 underflows:
+    rstd must still be 1/sqrt(eps) and y = bias, not NaN)."""
+    if path == "long":
+        request.getfixturevalue("long_rows")
+    x, w, b, dy = _inputs(3, 300, dtype)
+    x[0] = x[0].float().clamp(-3, 3).mul(1e38).to(dtype)
+    x[1] = 1e37
+    x[2, ::2], x[2, 1::2] = 3e38, -3e38
+    y, dx, dw, db = _ours(x, w, b, dy)
+    want = _reference(x, w, b, dy)
+    assert torch.isfinite(y).all() and torch.isfinite(dx).all()
+    assert_close(y, want[0], dtype, "out")
+    np.testing.assert_array_equal(_f64(y[1]), _f64(b))
+    # dx ~ 1/std: rows 0 and 2 have dx ~ 1e-38, subnormal in bfloat16 (a few bits), so
+    # bfloat16 checks dx on the constant row only
+    rows = slice(None) if dtype == torch.float32 else slice(1, 2)
+    row_scale = np.maximum(np.std(_f64(x), axis=1, keepdims=True), 1.0)[rows]
+    assert_close(_f64(dx)[rows] * row_scale, want[1][rows] * row_scale, dtype, "out")
+
+
 @pytest.mark.parametrize("affine", ["none", "weight", "bias"])
 def test_optional_weight_and_bias(affine):
     """Protects weight and bias being independently optional: absent ones get no gradient."""

@@ -3,9 +3,10 @@ r"""Fused layer-norm kernels in Triton, and the launchers that pick a plan for e
 The maths, for one row x of length D (the NumPy oracle, :mod:`layernorm.reference`, computes
 the same; docs/gpu-fusion.md explains the design):
 
-    m      = (1/D) sum_j x_j                   first-pass mean, saved as MEAN (float32)
+    m      = (1/D) sum_j x_j                   first-pass mean
     c      = (1/D) sum_j (x_j - m)             correction: the rounding error of m
     xc_j   = (x_j - m) - c                     centred values, accurate even when |m| >> std
+    MEAN   = m + c rounded to float32          saved (exactly x_j on a constant row)
     rstd   = 1 / sqrt((1/D) sum_j xc_j^2 + eps)   saved as RSTD (float32)
     xhat_j = xc_j * rstd
     y_j    = w_j * xhat_j + b_j
@@ -21,8 +22,10 @@ This is the reference's accuracy mechanism in float32:
    rounding error of m from every centred value.
 2. Row sums are tree sums (tl.sum) or blocked sums; long rows merge per-block statistics with
    Chan's formula.
-3. A row whose sum or sum of squares overflows float32 is recomputed as x * 2**-e (exact,
-   max |x * 2**-e| < 1) with eps * 4**-e, and MEAN and RSTD are scaled back.
+3. A row whose sum or sum of squares overflows float32 is recomputed as x * 2**-e (exact;
+   max |x * 2**-e| < 1, or < 4 when max|x| >= 2**126 so that 2**-e stays a normal float32)
+   with eps * 4**-e, and MEAN and RSTD are scaled back; a constant row keeps
+   RSTD = 1/sqrt(eps) even where eps * 4**-e underflows.
 
 The backward rebuilds xhat from x, MEAN and RSTD as u - mean(u) with u = (x - MEAN) * rstd:
 the same correction, recomputed in the pass the backward already makes over the row, on
@@ -77,8 +80,10 @@ def _inv_pow2_above(
     a,  # float32 > 0, any shape
 ):
     """2**(126 - E) for a with biased exponent E, so 1/2 <= a * 2**(126 - E) < 1: an exact
-    scale that brings a below one (built from the exponent bits, no division)."""
-    e = (a.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    scale that brings a below one (built from the exponent bits, no division). E is capped at
+    252 so the scale stays a normal float32 (2**-126 at the least; a subnormal would flush to
+    zero): for a >= 2**126 that leaves a * scale in [1, 4), still far from overflow."""
+    e = tl.minimum((a.to(tl.int32, bitcast=True) >> 23) & 0xFF, 252)
     return ((253 - e) << 23).to(tl.float32, bitcast=True)
 
 
@@ -93,12 +98,17 @@ def _centre_rows(
     mask,  # (ROWS, BLOCK_D) bool: valid entries
     D,  # row length
 ):
-    """First-pass mean (ROWS,), centred values with the correction (ROWS, BLOCK_D), variance."""
+    """Corrected mean (ROWS,), centred values with the correction (ROWS, BLOCK_D), variance.
+
+    The mean returned is m + corr rounded to float32: for a constant row it is the row's value
+    exactly, so the backward's x - MEAN is 0 there (the first-pass m can be an ulp off, and
+    for values near 1e37 that ulp times rstd overflows the backward's products).
+    """
     mean = tl.sum(x, axis=1) / D  # (ROWS,)
     xc = tl.where(mask, x - mean[:, None], 0.0)  # (ROWS, BLOCK_D)
     corr = tl.sum(xc, axis=1) / D  # (ROWS,) the rounding error of mean
     xc = tl.where(mask, xc - corr[:, None], 0.0)  # (ROWS, BLOCK_D)
-    return mean, xc, tl.sum(xc * xc, axis=1) / D
+    return mean + corr, xc, tl.sum(xc * xc, axis=1) / D
 
 
 @triton.jit
@@ -107,7 +117,7 @@ def _fwd_short_kernel(
     Y,  # *x.dtype (M, D) contiguous: output
     W,  # *w.dtype (D,): weight, or None when HAS_W is False
     B,  # *b.dtype (D,): bias, or None when HAS_B is False
-    MEAN,  # *float32 (M,): output, first-pass mean m
+    MEAN,  # *float32 (M,): output, the corrected mean rounded to float32
     RSTD,  # *float32 (M,): output, 1 / sqrt(var + eps)
     stride_x,  # elements between consecutive rows of X
     M,  # number of rows
@@ -133,14 +143,17 @@ def _fwd_short_kernel(
         scale = tl.where(var <= FLT_MAX, 1.0, _inv_pow2_above(tl.max(tl.abs(x), axis=1)))
         mean, xc, var = _centre_rows(x * scale[:, None], mask, D)
     rstd = 1.0 / tl.sqrt(var + eps * scale * scale)  # (ROWS,) of the scaled rows
-    y = xc * rstd[:, None]  # (ROWS, BLOCK_D) xhat
+    # A constant row has xc = 0 exactly; eps * scale**2 may underflow to 0 on the scaled path,
+    # so its rstd is 1/sqrt(eps) by definition rather than 1/sqrt(0).
+    const = var == 0  # (ROWS,)
+    y = xc * tl.where(const, 0.0, rstd)[:, None]  # (ROWS, BLOCK_D) xhat
     if HAS_W:
         y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_B:
         y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + rows64[:, None] * D + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(MEAN + rows, mean / scale, mask=row_ok)  # exact: scale is a power of two
-    tl.store(RSTD + rows, rstd * scale, mask=row_ok)
+    tl.store(RSTD + rows, tl.where(const, 1.0 / tl.sqrt(eps), rstd * scale), mask=row_ok)
 
 
 @triton.jit
@@ -234,12 +247,14 @@ def _fwd_long_kernel(
         scale = _inv_pow2_above(_long_row_absmax(x_row, D, BLOCK))
         shift, mean, m2 = _long_row_stats(x_row, D, scale, BLOCK)
     rstd = 1.0 / tl.sqrt(m2 / D + eps * scale * scale)
+    const = m2 == 0  # a constant row: rstd is 1/sqrt(eps) even where eps * scale**2 underflows
     # The mean is shift + mean. Rounded to float32 it is mean_f32; corr is what the rounding
     # lost (shift - mean_f32 is exact when the two are within a factor of two, when it matters).
     mean_f32 = shift + mean
     corr = (shift - mean_f32) + mean
     tl.store(MEAN + row, mean_f32 / scale)  # exact: scale is a power of two
-    tl.store(RSTD + row, rstd * scale)
+    tl.store(RSTD + row, tl.where(const, 1.0 / tl.sqrt(eps), rstd * scale))
+    rstd = tl.where(const, 0.0, rstd)  # its centred values are exactly 0: y = beta
 
     for start in tl.range(0, D, BLOCK):
         ok = start + cols < D
