@@ -356,3 +356,23 @@ def test_missing_numba_names_the_fast_extra():
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True).stdout
     assert "fast" in out and "numba" in out
+
+
+def test_out_must_not_overlap_the_parameters():
+    """Protects gamma: with M = 1 an out= view of gamma would overwrite it and the cache."""
+    g = np.random.default_rng(0).standard_normal(16).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((1, 16)).astype(np.float32)
+    with pytest.raises(ValueError, match="must not overlap"):
+        cpu.layer_norm_forward(x, g, None, out=g.reshape(1, 16))
+    _, cache = cpu.layer_norm_forward(x, g, None)
+    with pytest.raises(ValueError, match="must not overlap"):
+        cpu.layer_norm_backward(x.copy(), cache, out=cache.gamma_c.reshape(1, 16))
+
+
+def test_non_native_byte_order():
+    """Protects big-endian inputs on the fused path (they used to fail in Numba's typing)."""
+    x = np.random.default_rng(2).standard_normal((3, 8))
+    y, _ = cpu.layer_norm_forward(x.astype(">f4"), np.ones(8, ">f4"))
+    want, _ = reference.layer_norm_forward(x.astype(np.float32), np.ones(8, np.float32))
+    tol = tolerance("float32")
+    np.testing.assert_allclose(y, want, atol=tol.atol, rtol=tol.rtol)

@@ -114,3 +114,12 @@ def test_unsupported_float_dtype_is_refused():
     """Protects the dtype list: long double is not one of the four supported dtypes."""
     with pytest.raises(TypeError, match="x must have a floating dtype"):
         ln.layer_norm_forward(X.astype(np.longdouble))
+
+
+@pytest.mark.parametrize("dtype", [">f2", ">f4", ">f8"])
+def test_non_native_byte_order(dtype):
+    """Protects big-endian inputs: computed like native ones (float16 still in float32)."""
+    y, cache = ln.layer_norm_forward(X.astype(dtype), np.ones(4, dtype))
+    want, want_cache = ln.layer_norm_forward(X.astype(dtype[1:]), np.ones(4, dtype[1:]))
+    np.testing.assert_array_equal(y, want)
+    assert cache.xhat.dtype == want_cache.xhat.dtype

@@ -70,7 +70,8 @@ def available_dtypes() -> list[str]:
 
 
 def as_float_array(a: object, name: str) -> np.ndarray:
-    """``a`` as a plain ndarray of a supported floating dtype, without copying an ndarray.
+    """``a`` as a plain ndarray of a supported floating dtype in native byte order, without
+    copying a native ndarray.
 
     Masked arrays and matrices are refused rather than silently reinterpreted; other
     ndarray subclasses are viewed as plain arrays.
@@ -86,6 +87,8 @@ def as_float_array(a: object, name: str) -> np.ndarray:
             f"{name} must have a floating dtype ({', '.join(FLOAT_DTYPE_NAMES)}), "
             f"got dtype {arr.dtype}"
         )
+    if not arr.dtype.isnative:  # e.g. '>f4' read from a file: compute on a native copy
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     return arr
 
 

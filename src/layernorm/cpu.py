@@ -565,8 +565,8 @@ def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, name: str,
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"{name} must be C-contiguous and writeable")
     if any(np.may_share_memory(out, a) for a in inputs):
-        raise ValueError(f"{name} must not overlap the inputs (the cache keeps x for the "
-                         f"backward)")
+        raise ValueError(f"{name} must not overlap the inputs or parameters (the cache keeps "
+                         f"x and gamma for the backward)")
     return out
 
 
@@ -587,7 +587,8 @@ def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarra
     cdt = compute_dtype(x.dtype)
     eps = check_eps(eps, cdt)
     if out is not None:
-        out = _check_out(out, x.shape, x.dtype, "out", (x,))
+        out = _check_out(out, x.shape, x.dtype, "out",
+                         tuple(a for a in (x, gamma, beta) if a is not None))
     xc, owns_x = _as_compute(x, cdt)
     x2 = xc.reshape(-1, d)  # (M, D)
     m = x2.shape[0]
@@ -653,7 +654,7 @@ def _backward(dy: object, cache: object, out: np.ndarray | None,
             f"(is this cache from another call?)"
         )
     if out is not None:
-        out = _check_out(out, cache.x_shape, cache.x_dtype, "out", (dy, cache.x))
+        out = _check_out(out, cache.x_shape, cache.x_dtype, "out", (dy, cache.x, cache.gamma_c))
     x2 = cache.x  # (M, D)
     m, d = x2.shape
     dy2 = _as_compute(dy, x2.dtype)[0].reshape(m, d)  # (M, D)
