@@ -599,7 +599,10 @@ def report_section(ctx: object) -> str:
         f"measured in the same run (`{rows[0]['copy']}`); p50 over interleaved rounds, with "
         f"p20-p80 in brackets. Goals: forward >= {FWD_GOAL:.0%} and backward >= "
         f"{BWD_GOAL:.0%} of copy, fwd+bwd >= {STEP_GOAL}x PyTorch. A short run: reproduce "
-        f"with `layernorm bench` (results in `bench/results/`).\n\n"
+        f"with `layernorm bench` (results in `bench/results/`). The check column compares each "
+        f"result with the float64 reference under `layernorm.tolerances`; PyTorch's float32 "
+        f"dgamma/dbeta are summed in float32 and fall outside the float32 'param' tolerance, "
+        f"which assumes float64 accumulation (shown, not failed).\n\n"
         + summary_table(rows, markdown=True)
         + ("" if latency is None else "\n\nCompiled kernels are cached on disk; "
            + format_latency(latency) + ".")

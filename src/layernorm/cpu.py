@@ -702,6 +702,11 @@ class LayerNorm(reference.LayerNorm):
     the cache holds a reference to x: do not modify x before ``backward``. The returned y and
     dx are the module's own buffers, overwritten by the next call with the same shape and
     dtype: copy them to keep them.
+
+    **In a network this reaches across modules**: a module fed this module's y keeps that
+    buffer as its x, so calling this module again (another micro-batch, an evaluation pass)
+    before the other module's backward silently corrupts its gradients. Use the functions
+    (fresh outputs unless ``out=``) or :class:`layernorm.LayerNorm` where calls interleave.
     """
 
     def __init__(self, D: int, eps: float = 1e-5) -> None:
