@@ -7,6 +7,7 @@ Arguments are checked and flattened to (M, D) here, once, at the boundary; the k
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,9 +40,10 @@ def _check_device(x: Tensor) -> None:
 
 
 def _normalized_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
-    dims = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+    scalar = isinstance(normalized_shape, numbers.Integral)
+    dims = (normalized_shape,) if scalar else normalized_shape
     if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in dims
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in dims
     ):
         raise TypeError(
             f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
@@ -50,7 +52,7 @@ def _normalized_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
         raise ValueError(
             f"normalized_shape must be non-empty with every size >= 1, got {tuple(dims)}"
         )
-    return tuple(dims)
+    return tuple(int(d) for d in dims)
 
 
 def _check_param(p: Tensor | None, name: str, shape: tuple[int, ...], x: Tensor) -> Tensor | None:
