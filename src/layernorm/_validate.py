@@ -16,8 +16,10 @@ __all__ = [
     "FLOAT_DTYPE_NAMES",
     "as_float_array",
     "available_dtypes",
+    "check_dy",
     "check_eps",
     "check_param",
+    "check_x",
     "compute_dtype",
     "is_float_dtype",
     "is_half",
@@ -90,6 +92,32 @@ def as_float_array(a: object, name: str) -> np.ndarray:
     if not arr.dtype.isnative:  # e.g. '>f4' read from a file: compute on a native copy
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return arr
+
+
+def check_x(x: object) -> np.ndarray:
+    """``x`` as a floating array with at least one axis and a non-empty last axis."""
+    x = as_float_array(x, "x")
+    if x.ndim == 0:
+        raise ValueError("x must have at least one axis (the normalized axis D), got a scalar")
+    if x.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last axis (D >= 1), got shape {x.shape}")
+    return x
+
+
+def check_dy(dy: object, cache: object, cache_type: type, producer: str) -> np.ndarray:
+    """``dy`` as a floating array of the forward's shape, once ``cache`` is a ``cache_type``."""
+    if not isinstance(cache, cache_type):
+        raise TypeError(
+            f"cache must be the {cache_type.__name__} returned by {producer}, "
+            f"got {type(cache).__name__}"
+        )
+    dy = as_float_array(dy, "dy")
+    if dy.shape != cache.x_shape:
+        raise ValueError(
+            f"dy must have the shape of the forward's x and y, {cache.x_shape}; got {dy.shape} "
+            f"(is this cache from another call?)"
+        )
+    return dy
 
 
 def check_eps(eps: object, dtype: np.dtype | None = None) -> float:

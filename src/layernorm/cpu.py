@@ -111,8 +111,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import reference
-from ._validate import as_float_array, check_eps, check_param, compute_dtype
-from .reference import _check_x
+from ._validate import as_float_array, check_dy, check_eps, check_param, check_x, compute_dtype
 
 try:
     from llvmlite import ir
@@ -580,7 +579,7 @@ def _as_compute(a: np.ndarray, cdt: np.dtype) -> tuple[np.ndarray, bool]:
 def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarray | None,
              stats: tuple[np.ndarray, np.ndarray] | None
              ) -> tuple[np.ndarray, CpuLayerNormCache]:
-    x = _check_x(x)
+    x = check_x(x)
     d = x.shape[-1]
     gamma = check_param(gamma, "gamma", d)
     beta = check_param(beta, "beta", d)
@@ -642,17 +641,7 @@ def layer_norm_forward(
 def _backward(dy: object, cache: object, out: np.ndarray | None,
               partial: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None,
                                                    np.ndarray | None]:
-    if not isinstance(cache, CpuLayerNormCache):
-        raise TypeError(
-            f"cache must be the CpuLayerNormCache returned by layernorm.cpu.layer_norm_forward, "
-            f"got {type(cache).__name__}"
-        )
-    dy = as_float_array(dy, "dy")
-    if dy.shape != cache.x_shape:
-        raise ValueError(
-            f"dy must have the shape of the forward's x and y, {cache.x_shape}; got {dy.shape} "
-            f"(is this cache from another call?)"
-        )
+    dy = check_dy(dy, cache, CpuLayerNormCache, "layernorm.cpu.layer_norm_forward")
     if out is not None:
         out = _check_out(out, cache.x_shape, cache.x_dtype, "out", (dy, cache.x, cache.gamma_c))
     x2 = cache.x  # (M, D)
@@ -725,7 +714,7 @@ class LayerNorm(reference.LayerNorm):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """y for x of shape (..., D), in a buffer reused by the next call."""
-        x = _check_x(x)
+        x = check_x(x)
         m = x.size // x.shape[-1]
         y = self._buffer("y", x.shape, x.dtype, (x,))
         stats = (self._buffer("mean", (m,), np.dtype(np.float64)),

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import as_float_array, check_eps, check_param, compute_dtype
+from ._validate import check_dy, check_eps, check_param, check_x, compute_dtype
 
 __all__ = ["LayerNorm", "LayerNormCache", "layer_norm_backward", "layer_norm_forward"]
 
@@ -82,15 +82,6 @@ class LayerNormCache:
     def nbytes(self) -> int:
         """Bytes the cache holds of its own (xhat and rstd; gamma is the caller's)."""
         return self.xhat.nbytes + self.rstd.nbytes
-
-
-def _check_x(x: object) -> np.ndarray:
-    x = as_float_array(x, "x")
-    if x.ndim == 0:
-        raise ValueError("x must have at least one axis (the normalized axis D), got a scalar")
-    if x.shape[-1] == 0:
-        raise ValueError(f"x must have a non-empty last axis (D >= 1), got shape {x.shape}")
-    return x
 
 
 def _centre(xc: np.ndarray) -> np.ndarray:
@@ -146,7 +137,7 @@ def layer_norm_forward(
         y: same shape and dtype as x. float16/bfloat16 inputs are computed in float32.
         cache: a :class:`LayerNormCache` for :func:`layer_norm_backward`.
     """
-    x = _check_x(x)
+    x = check_x(x)
     d = x.shape[-1]
     gamma = check_param(gamma, "gamma", d)
     beta = check_param(beta, "beta", d)
@@ -185,17 +176,7 @@ def layer_norm_backward(
         dgamma: (D,) in gamma's dtype, or None when the forward had no gamma.
         dbeta: (D,) in beta's dtype, or None when the forward had no beta.
     """
-    if not isinstance(cache, LayerNormCache):
-        raise TypeError(
-            f"cache must be the LayerNormCache returned by layer_norm_forward, "
-            f"got {type(cache).__name__}"
-        )
-    dy = as_float_array(dy, "dy")
-    if dy.shape != cache.x_shape:
-        raise ValueError(
-            f"dy must have the shape of the forward's x and y, {cache.x_shape}; got {dy.shape} "
-            f"(is this cache from another call?)"
-        )
+    dy = check_dy(dy, cache, LayerNormCache, "layer_norm_forward")
     xhat, rstd, gamma = cache.xhat, cache.rstd, cache.gamma  # (M, D), (M,), (D,) | None
     cdt = xhat.dtype
     d = xhat.shape[1]
