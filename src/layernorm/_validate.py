@@ -23,6 +23,7 @@ __all__ = [
     "compute_dtype",
     "is_float_dtype",
     "is_half",
+    "parse_shape",
     "resolve_dtype",
 ]
 
@@ -92,6 +93,17 @@ def as_float_array(a: object, name: str) -> np.ndarray:
     if not arr.dtype.isnative:  # e.g. '>f4' read from a file: compute on a native copy
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return arr
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"4096x1024"`` or ``"8x512x768"`` -> a tuple of positive extents (ValueError if not)."""
+    try:
+        shape = tuple(int(p) for p in text.strip().lower().split("x"))
+    except ValueError:
+        raise ValueError(f"shape must look like 4096x1024, got {text!r}") from None
+    if min(shape) < 1:
+        raise ValueError(f"shape extents must be >= 1, got {text!r}")
+    return shape
 
 
 def check_x(x: object) -> np.ndarray:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _validate
 from ._table import render
 from ._validate import resolve_dtype
 from .cost import minimal_bytes
@@ -507,14 +508,11 @@ def format_latency(latency: dict[str, dict[str, float]]) -> str:
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """``"4096x1024"`` -> (4096, 1024); every extent a positive integer."""
+    """``"4096x1024"`` -> (4096, 1024), for argparse: every extent a positive integer."""
     try:
-        shape = tuple(int(p) for p in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape must look like 4096x1024, got {text!r}") from None
-    if not shape or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"shape extents must be >= 1, got {text!r}")
-    return shape
+        return _validate.parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def default_out() -> Path:

@@ -28,9 +28,11 @@ the figure of merit of a kernel is its achieved bandwidth over the minimal bytes
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from ._table import render
+from ._validate import parse_shape
 
 __all__ = [
     "FLOPS_PER_ELEMENT",
@@ -236,18 +238,12 @@ def cost(
     )
 
 
-def _parse_shape(text: str) -> tuple[int, int]:
+def _rows_and_length(text: str) -> tuple[int, int]:
     """'MxD' or 'AxBxD' (leading axes multiply into M) -> (M, D)."""
-    try:
-        dims = [int(t) for t in text.lower().split("x")]
-    except ValueError:
-        raise ValueError(f"shape must look like 4096x1024, got {text!r}") from None
-    if len(dims) < 2 or any(v < 1 for v in dims):
+    dims = parse_shape(text)
+    if len(dims) < 2:
         raise ValueError(f"shape needs at least two positive sizes, e.g. 4096x1024; got {text!r}")
-    m = 1
-    for v in dims[:-1]:
-        m *= v
-    return m, dims[-1]
+    return math.prod(dims[:-1]), dims[-1]
 
 
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
@@ -261,7 +257,7 @@ def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None) -> 
         head.append(f"roofline ms @ {bandwidth_gbs:g} GB/s")
     rows = []
     for shape in shapes:
-        m, d = _parse_shape(shape)
+        m, d = _rows_and_length(shape)
         for dtype in dtypes:
             for p in ("fwd", "bwd"):
                 c = cost(p, m, d, _ITEMSIZE[dtype])

@@ -569,6 +569,17 @@ def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, name: str,
     return out
 
 
+def _deliver(r2: np.ndarray, out: np.ndarray | None, direct: bool, dtype: np.dtype,
+             shape: tuple[int, ...]) -> np.ndarray:
+    """The (M, D) compute-dtype result r2 as the caller's array: in ``out`` when given
+    (``direct``: the kernel already wrote into it), else cast to ``dtype`` and reshaped."""
+    if out is None:
+        return r2.astype(dtype, copy=False).reshape(shape)
+    if not direct:
+        out.reshape(r2.shape)[...] = r2
+    return out
+
+
 def _as_compute(a: np.ndarray, cdt: np.dtype) -> tuple[np.ndarray, bool]:
     """``a`` as a C-contiguous array of the native compute dtype, and whether it was copied."""
     if a.dtype == cdt and a.dtype.isnative and a.flags.c_contiguous:
@@ -597,12 +608,7 @@ def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarra
     direct = out is not None and x2.dtype == out.dtype
     y2 = out.reshape(m, d) if direct else np.empty((m, d), x2.dtype)  # (M, D)
     _forward_kernel(x2, gamma_c, beta_c, eps, y2, mean, rstd)
-    if out is None:
-        y = y2.astype(x.dtype, copy=False).reshape(x.shape)
-    else:
-        if not direct:
-            out.reshape(m, d)[...] = y2
-        y = out
+    y = _deliver(y2, out, direct, x.dtype, x.shape)
     cache = CpuLayerNormCache(
         x=x2, mean=mean, rstd=rstd, gamma=gamma, gamma_c=gamma_c,
         beta_dtype=None if beta is None else beta.dtype,
@@ -656,12 +662,7 @@ def _backward(dy: object, cache: object, out: np.ndarray | None,
     _reduce_chunks(partial, sums)
     dgamma = None if cache.gamma is None else sums[0].astype(cache.gamma.dtype)  # (D,)
     dbeta = None if cache.beta_dtype is None else sums[1].astype(cache.beta_dtype)  # (D,)
-    if out is None:
-        dx = dx2.astype(cache.x_dtype, copy=False).reshape(cache.x_shape)
-    else:
-        if not direct:
-            out.reshape(m, d)[...] = dx2
-        dx = out
+    dx = _deliver(dx2, out, direct, cache.x_dtype, cache.x_shape)
     return dx, dgamma, dbeta
 
 

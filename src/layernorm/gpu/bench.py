@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .._table import render
+from .._validate import parse_shape
 from ..cost import minimal_bytes
 from ..tolerances import tolerance
 
@@ -65,8 +66,8 @@ def parse_shapes(specs: Sequence[Any] | None, quick: bool) -> list[tuple[int, in
         return [(rows_for(n), n) for n in (QUICK_NS if quick else NS)]
     shapes = []
     for spec in specs:
-        if isinstance(spec, str) and re.fullmatch(r"\d+(x\d+)*", spec.strip()):
-            dims = [int(p) for p in spec.strip().split("x")]
+        if isinstance(spec, str):
+            dims = list(parse_shape(spec))
         elif isinstance(spec, (tuple, list)) and spec and all(
                 isinstance(d, int) and not isinstance(d, bool) for d in spec):
             dims = list(spec)
