@@ -204,16 +204,17 @@ def test_dgamma_dbeta_add_rows_in_order_into_float64_chunk_partials():
     x[77, ::2] = -3e38
     y, cache = cpu.layer_norm_forward(x, g, b)
     _, dg, db = cpu.layer_norm_backward(dy, cache)
-    hi = cache.mean.astype(np.float32)
-    lo = (cache.mean - hi).astype(np.float32)
-    rc = cache.rstd.astype(np.float32)
+    st = cache.stats  # (M, NSTATS) float64
+    hi, lo, rc = (st[:, k].astype(np.float32) for k in (cpu.HI, cpu.LO, cpu.RSTD))
     m = x.shape[0]
     want = np.zeros((2, x.shape[1]))
     for c in range(cpu.n_chunks(m)):
         part = np.zeros((2, x.shape[1]))
         for i in range(c * m // cpu.n_chunks(m), (c + 1) * m // cpu.n_chunks(m)):
-            if i == 77:
-                xhat = (x[i].astype(np.float64) - cache.mean[i]) * cache.rstd[i]
+            if i == 77:  # float64 on the scaled row, as the kernel
+                assert st[i, cpu.SCALE] < 2.0**-100
+                xs = x[i].astype(np.float64) * st[i, cpu.SCALE]
+                xhat = ((xs - st[i, cpu.HI]) - st[i, cpu.LO]) * st[i, cpu.RSTD]
                 part[0] += dy[i] * xhat
             else:
                 xhat = ((x[i] - hi[i]) - lo[i]) * rc[i]  # float32, as the kernel
@@ -301,14 +302,15 @@ def test_bad_inputs_raise_errors_naming_the_argument():
 
 
 def test_cache_keeps_x_by_reference_and_counts_its_own_bytes():
-    """Protects the cache: x is not copied when usable as is; nbytes counts mean and rstd."""
+    """Protects the cache: x is not copied when usable as is; nbytes counts the row statistics
+    (NSTATS float64 a row), the copy of gamma and x when it is a copy."""
     x, g, b, _ = _inputs((10, 30))
     _, cache = cpu.layer_norm_forward(x, g, b)
     assert np.shares_memory(cache.x, x) and not cache.owns_x
-    assert cache.nbytes == 2 * 10 * 8
+    assert cache.nbytes == cpu.NSTATS * 10 * 8 + 30 * 4
     xh = x.astype(np.float16)
     _, cache = cpu.layer_norm_forward(xh)
-    assert cache.owns_x and cache.nbytes == 2 * 10 * 8 + 10 * 30 * 4
+    assert cache.owns_x and cache.nbytes == cpu.NSTATS * 10 * 8 + 30 * 4 + 10 * 30 * 4
 
 
 def test_layernorm_module_reuses_its_buffers():
@@ -376,3 +378,86 @@ def test_non_native_byte_order():
     want, _ = reference.layer_norm_forward(x.astype(np.float32), np.ones(8, np.float32))
     tol = tolerance("float32")
     np.testing.assert_allclose(y, want, atol=tol.atol, rtol=tol.rtol)
+
+
+@pytest.mark.parametrize("spread", [1.0, 0.01])
+def test_float64_keeps_the_mean_correction(spread):
+    """Protects the float64 mean as hi + lo: x = 1e8 + N(0, spread) float64, where rounding the
+    corrected mean to one float64 lost the correction (y off by 1.2e-9 and 1.2e-7, dx by
+    1.4e-10 and 2.5e-8); now within a few u of the exact answer, as the reference."""
+    from layernorm.numerics import exact_layer_norm, relative_error
+
+    rng = np.random.default_rng(11)
+    x = 1e8 + spread * rng.standard_normal((8, 1024))
+    dy = rng.standard_normal(x.shape)
+    y, dx, _, _ = _run(x, None, None, dy)
+    ex = exact_layer_norm(x, dy=dy)
+    u = 2.0**-53
+    assert relative_error(y, ex.y) <= 8 * u
+    assert relative_error(dx, ex.dx) <= 8 * u
+
+
+def test_float64_rows_whose_sums_overflow_use_blocked_sums():
+    """Protects the scaled path's accuracy: ±9e307 values with D = 65537, whose float64 sums
+    overflow; sequential sums there gave y 40 u from the exact answer (the reference: 2.3 u)."""
+    from layernorm.numerics import exact_layer_norm, relative_error
+
+    rng = np.random.default_rng(12)
+    x = np.where(rng.random((2, 65537)) < 0.5, 9e307, -9e307) * rng.random((2, 65537))
+    ex = exact_layer_norm(x)
+    y, cache = cpu.layer_norm_forward(x)
+    assert relative_error(y, ex.y) <= 8 * 2.0**-53
+    assert np.all(cache.stats[:, cpu.SCALE] < 1.0)  # the scaled path ran
+
+
+def test_float64_near_the_top_of_the_range_stays_finite():
+    """Protects the scaled path's output: x - mean overflows float64 for this row (-1.7e308 -
+    1.25e307), where y came out -inf and dx NaN; the row is normalized in its scaled form."""
+    from layernorm.numerics import exact_layer_norm, relative_error
+
+    x = np.array([[1.7e308, -1.7e308, 1.0e308, -0.5e308]])
+    g = np.array([0.5, 1.5, -1.0, 2.0])
+    b = np.array([0.1, 0.0, -0.2, 0.3])
+    dy = np.array([[0.3, -1.0, 0.7, 0.2]])
+    y, dx, dg, db = _run(x, g, b, dy)
+    assert all(np.all(np.isfinite(a)) for a in (y, dx, dg, db))
+    ex = exact_layer_norm(x, g, b, dy=dy)
+    for got, want in ((y, ex.y), (dg, ex.dgamma), (db, ex.dbeta)):
+        assert relative_error(got, want) <= 8 * 2.0**-53
+    # dx ~ 1e-308: subnormal in float64, so its error is absolute, a few subnormal spacings
+    assert np.max(np.abs(dx - ex.dx)) <= 8 * 2.0**-1074 + 8 * 2.0**-53 * np.max(np.abs(ex.dx))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", *HALF])
+def test_out_never_overlaps_the_callers_arrays(dtype):
+    """Protects the caller's x and gamma from the backward's out=: refused for every dtype
+    (float16 and bfloat16 wrote dx over x or gamma, because the check compared out with the
+    cache's converted copies), also when x was a temporary view of the memory out uses."""
+    x, g, b, dy = _inputs((1, 16), dtype)
+    x0, g0 = x.copy(), g.copy()
+    _, cache = cpu.layer_norm_forward(x, g, b)
+    for victim in (x, g.reshape(1, 16)):
+        with pytest.raises(ValueError, match="must not overlap"):
+            cpu.layer_norm_backward(dy, cache, out=victim)
+    base = np.concatenate([x, x]).copy()  # (2, 16): x comes from a view that dies at once
+    _, cache = cpu.layer_norm_forward(base[1:], g, b)
+    with pytest.raises(ValueError, match="must not overlap"):
+        cpu.layer_norm_backward(dy, cache, out=base[1:])
+    assert _bits((x, g)) == _bits((x0, g0))
+    fresh = np.empty_like(x)  # a buffer of its own is fine
+    assert cpu.layer_norm_backward(dy, cache, out=fresh)[0] is fresh
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", *HALF])
+def test_backward_differentiates_the_forward_that_ran(backend, dtype):
+    """Protects the one rule for gamma: changing it in place between forward and backward does
+    not change the backward (the caches copy it). The fused float32 path used the old gamma
+    and the reference the new one."""
+    mod = cpu if backend == "cpu" else reference
+    x, g, b, dy = _inputs((5, 24), dtype)
+    g64 = g.astype(np.float64)  # a float64 parameter, as the modules keep
+    want = mod.layer_norm_backward(dy, mod.layer_norm_forward(x, g64.copy(), b)[1])
+    _, cache = mod.layer_norm_forward(x, g64, b)
+    g64 *= 2.0  # an optimizer step between forward and backward
+    assert _bits(mod.layer_norm_backward(dy, cache)) == _bits(want)

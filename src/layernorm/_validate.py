@@ -9,21 +9,32 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # NumPy < 2
+    from numpy import byte_bounds
+
 __all__ = [
     "FLOAT_DTYPE_NAMES",
+    "Region",
     "as_float_array",
     "available_dtypes",
     "check_dy",
     "check_eps",
+    "check_out",
     "check_param",
     "check_x",
     "compute_dtype",
     "is_float_dtype",
     "is_half",
+    "overlaps",
     "parse_shape",
+    "region",
     "resolve_dtype",
 ]
 
@@ -163,3 +174,56 @@ def check_param(p: object, name: str, d: int) -> np.ndarray | None:
             f"{name} must have shape ({d},) to match the last axis of x, got shape {arr.shape}"
         )
     return arr
+
+
+@dataclass(frozen=True)
+class Region:
+    """Where a caller's array lives, without keeping it alive: its byte span, and a weak
+    reference to the array that owns the memory (the span means nothing once that is gone)."""
+
+    owner: weakref.ref
+    start: int
+    stop: int
+
+
+def region(a: object) -> Region | None:
+    """The :class:`Region` of ``a``, or None when ``a`` is not a non-empty ndarray."""
+    if not isinstance(a, np.ndarray) or a.size == 0:
+        return None
+    owner = a
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    start, stop = byte_bounds(a)
+    return Region(weakref.ref(owner), start, stop)
+
+
+def overlaps(a: np.ndarray, others: tuple[object, ...]) -> bool:
+    """Whether ``a`` may share memory with any of ``others`` (arrays, Regions; others ignored).
+
+    Byte spans are compared, as ``np.may_share_memory`` does: interleaved strided arrays count
+    as overlapping.
+    """
+    start, stop = byte_bounds(a) if a.size else (0, 0)
+    for o in others:
+        if isinstance(o, Region):
+            if o.owner() is not None and start < o.stop and o.start < stop:
+                return True
+        elif isinstance(o, np.ndarray) and np.may_share_memory(a, o):
+            return True
+    return False
+
+
+def check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, name: str,
+              others: tuple[object, ...], why: str) -> np.ndarray:
+    """``out`` as a writeable C-contiguous ndarray of ``shape`` and ``dtype`` that overlaps
+    none of ``others`` (the caller's arrays, as given, and their Regions)."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"{name} must have shape {shape} and dtype {dtype}, got shape "
+                         f"{out.shape} and dtype {out.dtype}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{name} must be C-contiguous and writeable")
+    if overlaps(out, others):
+        raise ValueError(f"{name} must not overlap the inputs or parameters {why}")
+    return out

@@ -15,7 +15,8 @@ unfused NumPy reference moves far more: each NumPy expression is a pass over an 
 array, listed in ``REFERENCE_PASSES`` with the arrays it reads and writes. A fused kernel
 moves the minimal bytes when a row stays in cache between its passes.
 
-Memory. The reference's cache holds xhat (M·D) and rstd (M) in the compute dtype. Peak
+Memory. The reference's cache holds xhat (M·D), rstd (M) and a copy of gamma (D) in the
+compute dtype. Peak
 memory of a call is the most it has allocated at once, its results included, as counted
 in ``_reference_peak``; the temporaries are that peak less what the call returns.
 ``tests/test_cost.py`` checks both and the cache size against ``tracemalloc``.
@@ -233,7 +234,7 @@ def cost(
         minimal_bytes_with_extras=minimal_bytes(pass_, M, D, itemsize, affine=affine,
                                                 extras=True),
         reference_bytes=_reference_bytes(pass_, M, D, itemsize, gamma, beta),
-        cache_bytes=(M * D + M) * cs,
+        cache_bytes=(M * D + M + (D if gamma else 0)) * cs,
         reference_peak_bytes=_reference_peak(pass_, M, D, itemsize, affine),
     )
 

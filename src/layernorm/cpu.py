@@ -9,13 +9,14 @@ once, y written once):
     A   m0   = T(sum_j x_j / D)                          rough mean, rounded to T
     B   s1   = sum_j (x_j - m0),   s2 = sum_j (x_j - m0)^2
         c    = s1 / D                                    the rounding error of m0
-        mean = m0 + c          (float64)
+        hi + lo = m0 + c       (two T numbers: the corrected mean, unevaluated)
         var  = s2 / D - c^2    (= mean((x - m0 - c)^2), the variance of the corrected centring)
         rstd = 1 / sqrt(var + eps)
     C   xhat_j = ((x_j - hi) - lo) * rstd,   y_j = gamma_j * xhat_j + beta_j
 
-where mean = hi + lo is split into two T numbers (hi = T(mean), lo = T(mean - hi)), so the
-float32 centring keeps the float64 mean's accuracy. This is the reference's accuracy
+where m0 + c is formed exactly (two-sum in float64) and split into hi = T(m0 + c) and lo, the
+rest, so the centring keeps the corrected mean's accuracy in float32 and in float64 alike (a
+float64 mean rounded to one number would lose c, which is below its ulp). This is the reference's accuracy
 mechanism (two passes, then one correction pass that subtracts the mean of the centred
 values) folded into scalars: the correction c is the mean of the centred values, and
 subtracting it from every centred value is the same as centring on m0 + c.
@@ -32,9 +33,10 @@ dx keeps the reference's form: expanding it into rstd * u_j + a * t_j + b saves 
 but leaves an error of an ulp of rstd * |u| where the reference has an ulp of |u - mean(g)| (for
 D = 1, exactly zero against 2e-5 * |u| with eps = 1e-5).
 
-The cache holds what makes that backward cheapest: per row mean and rstd (float64, 16 bytes a
-row), gamma, and a reference to x itself (no copy when x is already a C-contiguous float32 or
-float64 array). The backward recomputes xhat from x on the fly, so it reads x and dy and writes
+The cache holds what makes that backward cheapest: per row hi, lo, rstd and a scale (float64,
+32 bytes a row; the scale is 1 except on the rows below), a copy of gamma (D elements: the
+backward differentiates the forward that ran, whatever happens to the caller's gamma), and a
+reference to x itself (no copy when x is already a C-contiguous float32 or float64 array). The backward recomputes xhat from x on the fly, so it reads x and dy and writes
 dx: the minimal 3·M·D·itemsize bytes. **x must not be modified between the forward and the
 backward**, exactly as PyTorch's saved tensors. (The reference keeps its own xhat instead.)
 
@@ -111,7 +113,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import reference
-from ._validate import as_float_array, check_dy, check_eps, check_param, check_x, compute_dtype
+from ._validate import (
+    Region,
+    as_float_array,
+    check_dy,
+    check_eps,
+    check_out,
+    check_param,
+    check_x,
+    compute_dtype,
+    overlaps,
+    region,
+)
 
 try:
     from llvmlite import ir
@@ -317,120 +330,152 @@ def _write_dx_tile(xt, dyt, gamma, st, dxt, pg, pb):
             pbb[j] = sb
 
 
-# Rows whose T sums overflow (|x - mean| above ~1.8e19/sqrt(D) in float32), or hold inf or
-# NaN, take these float64 paths; other rows pay one isfinite test per row.
+# Per-row statistics, one row of ``stats`` (M, NSTATS) float64 per row of x: the mean as an
+# unevaluated sum HI + LO of two T numbers (so that centring keeps the corrected mean's accuracy
+# in float64 as in float32), RSTD, and SCALE, the power of two the row was scaled by before
+# its statistics were taken (1 for every row but those whose T sums overflow, see below).
+HI, LO, RSTD, SCALE = 0, 1, 2, 3
+NSTATS = 4
 
 
 @njit(cache=True)
-def _stats_scaled(xr, eps):
-    """(mean, rstd) in float64 of x * 2**-e with eps * 4**-e, max|x| < 2**e (xr: (D,) T).
+def _split_mean(m0, c, T):
+    """(hi, lo), two T numbers with hi + lo = m0 + c to about u_T**2 (m0, c: float64).
 
-    A power-of-two scaling is exact and leaves y unchanged; rstd is scaled back by 2**-e.
+    m0 + c is formed exactly as s + err (Knuth's two-sum) before rounding to T: for float64
+    T, rounding m0 + c to one float64 would lose the correction c, which is below an ulp of m0.
     """
+    s = m0 + c
+    bb = s - m0
+    err = (m0 - (s - bb)) + (c - bb)
+    hi = T(s)
+    return hi, T((s - hi) + err)
+
+
+@njit(cache=True)
+def _row_stats(xr, eps):
+    """(hi, lo, rstd) of one row (xr: (D,)), corrected two-pass with blocked sums."""
     D = xr.shape[0]
-    amax = 0.0
-    for j in range(D):
-        amax = max(amax, abs(np.float64(xr[j])))
-    e = math.frexp(amax)[1]
-    scale = math.ldexp(1.0, -e)
-    s = 0.0
-    for j in range(D):
-        s += xr[j] * scale
-    m0 = s / D
-    s1 = 0.0
-    s2 = 0.0
-    for j in range(D):
-        d = xr[j] * scale - m0
-        s1 += d
-        s2 += d * d
+    T = xr.dtype.type
+    m0 = T(_sum(xr) / D)
+    s1, s2 = _sum_centred(xr, m0)
     c = s1 / D
-    var_s = s2 / D - c * c
-    if var_s <= 0.0:
-        # A constant row: eps * 4**-e may underflow to 0, but var = 0 means rstd =
-        # 1/sqrt(eps) and xhat = 0 exactly (x - x_0 = 0), whatever the scale (as the reference).
-        return np.float64(xr[0]), 1.0 / math.sqrt(eps)
-    rstd_s = 1.0 / math.sqrt(var_s + math.ldexp(eps, -2 * e))
-    return math.ldexp(m0 + c, e), math.ldexp(rstd_s, -e)
+    var = max(s2 / D - c * c, 0.0)  # a variance: rounding must not take it below 0
+    hi, lo = _split_mean(np.float64(m0), c, T)
+    return hi, lo, 1.0 / np.sqrt(var + eps), np.isfinite(m0 + c) and np.isfinite(var)
+
+
+# Rows whose T sums overflow (|x - mean| above ~1.8e19/sqrt(D) in float32, ~1.3e154/sqrt(D)
+# in float64), or hold inf or NaN, are normalized as xs = x * 2**-e in float64, max|xs| < 1,
+# with eps * 4**-e: a power-of-two scaling is exact and leaves xhat unchanged. Their statistics
+# (HI, LO, RSTD) belong to xs, and xhat = ((x * SCALE - HI) - LO) * RSTD; the true rstd is
+# RSTD * SCALE. Constant rows are caught first: xhat = 0 exactly and rstd = 1/sqrt(eps),
+# whatever the scale, so they keep SCALE = 1 and the T paths. Other rows pay one isfinite test.
 
 
 @njit(cache=True)
-def _write_y_f64(xr, m, r, gamma, beta, yr):
-    """y = (x - mean) * rstd * gamma + beta in float64, rounded to T (all (D,))."""
+def _scaled_row(xr, scale):
+    """x * scale as a new float64 row (exact for a power of two, unless it underflows)."""
+    xs = np.empty(xr.shape[0])
     for j in range(xr.shape[0]):
-        yr[j] = ((xr[j] - m) * r) * gamma[j] + beta[j]
+        xs[j] = np.float64(xr[j]) * scale
+    return xs
 
 
 @njit(cache=True)
-def _write_dx_f64(xr, dyr, gamma, m, r, dxr, pg, pb):
-    """The row's dx and dgamma/dbeta terms in float64 (all (D,); m, r: float64)."""
-    D = xr.shape[0]
-    su = 0.0
-    sut = 0.0
-    for j in range(D):
-        u = np.float64(dyr[j]) * gamma[j]
-        su += u
-        sut += u * ((xr[j] - m) * r)
-    mean_g = su / D
-    mean_gxhat = sut / D
-    for j in range(D):
-        xhat = (xr[j] - m) * r
-        dxr[j] = r * ((np.float64(dyr[j]) * gamma[j] - mean_g) - xhat * mean_gxhat)
-        pg[j] += dyr[j] * xhat
-        pb[j] += dyr[j]
+def _scaled_stats(xr, eps, stats):
+    """Fill ``stats`` (NSTATS,) for a row whose T sums overflow (xr: (D,) T); return the
+    scaled row (D,) float64, or an empty row for a constant row (it keeps the T paths)."""
+    x0 = np.float64(xr[0])
+    amax = 0.0
+    constant = True
+    for j in range(xr.shape[0]):
+        v = np.float64(xr[j])
+        amax = max(amax, abs(v))
+        constant = constant and v == x0
+    if constant and np.isfinite(x0):
+        stats[HI], stats[LO], stats[RSTD], stats[SCALE] = x0, 0.0, 1.0 / math.sqrt(eps), 1.0
+        return np.empty(0)
+    e = math.frexp(amax)[1] if np.isfinite(amax) else 0
+    scale = math.ldexp(1.0, -e)
+    xs = _scaled_row(xr, scale)
+    hi, lo, r, _ = _row_stats(xs, math.ldexp(eps, -2 * e))
+    stats[HI], stats[LO], stats[RSTD], stats[SCALE] = hi, lo, r, scale
+    return xs
 
 
 @njit(parallel=True, cache=True)
-def _forward_kernel(x, gamma, beta, eps, y, mean, rstd):
-    """Fill y (M, D) T, mean (M,) float64 and rstd (M,) float64 from x (M, D) T.
+def _forward_kernel(x, gamma, beta, eps, y, stats):
+    """Fill y (M, D) T and stats (M, NSTATS) float64 from x (M, D) T.
 
     gamma, beta: (D,) T (ones and zeros stand in for absent parameters).
     """
-    M, D = x.shape
+    M = x.shape[0]
     T = x.dtype.type
     for i in prange(M):
         xr = x[i]  # (D,)
-        m0 = T(_sum(xr) / D)
-        s1, s2 = _sum_centred(xr, m0)
-        c = s1 / D
-        var = max(s2 / D - c * c, 0.0)  # a variance: rounding must not take it below 0
-        m = m0 + c
-        r = 1.0 / np.sqrt(var + eps)
-        if not (np.isfinite(m) and np.isfinite(var)):
-            m, r = _stats_scaled(xr, eps)
-            _write_y_f64(xr, m, r, gamma, beta, y[i])
-        else:
-            hi = T(m)
-            _write_y(xr, hi, T(m - hi), T(r), gamma, beta, y[i], x[min(i + 1, M - 1)])
-        mean[i] = m
-        rstd[i] = r
+        st = stats[i]  # (NSTATS,)
+        hi, lo, r, finite = _row_stats(xr, eps)
+        if finite:
+            st[HI], st[LO], st[RSTD], st[SCALE] = hi, lo, r, 1.0
+            _write_y(xr, T(hi), T(lo), T(r), gamma, beta, y[i], x[min(i + 1, M - 1)])
+            continue
+        xs = _scaled_stats(xr, eps, st)
+        if xs.shape[0] == 0:  # constant row: xhat = 0
+            _write_y(xr, T(st[HI]), T(0.0), T(st[RSTD]), gamma, beta, y[i], xr)
+        else:  # float64 arithmetic on the scaled row, y rounded once to T
+            _write_y(xs, st[HI], st[LO], st[RSTD], gamma, beta, y[i], xs)
 
 
 @njit(cache=True)
-def _backward_row(x, dy, gamma, mean, rstd, dx, pg, pb, i):
+def _backward_row_f64(xr, dyr, gamma, st, dxr, pg, pb):
+    """Row dx and its dgamma/dbeta terms in float64, on x * SCALE (all (D,); st: (NSTATS,)).
+
+    For scaled rows, and for rows whose T sums of the backward overflow.
+    """
+    D = xr.shape[0]
+    hi, lo, r, scale = st[HI], st[LO], st[RSTD], st[SCALE]
+    xs = _scaled_row(xr, scale)  # (D,) float64
+    dys = _scaled_row(dyr, 1.0)
+    gs = _scaled_row(gamma, 1.0)
+    su, sut = _sum_grad(xs, dys, gs, hi)
+    mg = su / D
+    mgx = r * (sut - lo * su) / D
+    for j in range(D):
+        xhat = ((xs[j] - hi) - lo) * r
+        # scale last: r * SCALE may be subnormal, r * bracket is not
+        dxr[j] = (r * ((dys[j] * gs[j] - mg) - xhat * mgx)) * scale
+        pg[j] += dys[j] * xhat
+        pb[j] += dys[j]
+
+
+@njit(cache=True)
+def _backward_row(x, dy, gamma, stats, dx, pg, pb, i):
     """Row i of the backward alone: dx[i], and its terms added to pg, pb (x, dy, dx: (M, D) T)."""
     M, D = x.shape
     T = x.dtype.type
-    m = mean[i]
-    r = rstd[i]
-    hi = T(m)
-    lo = T(m - hi)
-    su, sut = _sum_grad(x[i], dy[i], gamma, hi)
-    if np.isfinite(su) and np.isfinite(sut):
-        nxt = min(i + 1, M - 1)
-        _write_dx(x[i], dy[i], gamma, hi, lo, T(r), T(su / D), T(r * (sut - lo * su) / D),
-                  dx[i], pg, pb, x[nxt], dy[nxt])
-    else:
-        _write_dx_f64(x[i], dy[i], gamma, m, r, dx[i], pg, pb)
+    st = stats[i]
+    hi = T(st[HI])
+    lo = T(st[LO])
+    if st[SCALE] == 1.0:
+        su, sut = _sum_grad(x[i], dy[i], gamma, hi)
+        if np.isfinite(su) and np.isfinite(sut):
+            r = st[RSTD]
+            nxt = min(i + 1, M - 1)
+            _write_dx(x[i], dy[i], gamma, hi, lo, T(r), T(su / D), T(r * (sut - lo * su) / D),
+                      dx[i], pg, pb, x[nxt], dy[nxt])
+            return
+    _backward_row_f64(x[i], dy[i], gamma, st, dx[i], pg, pb)
 
 
 @njit(parallel=True, cache=True)
-def _backward_kernel(x, dy, gamma, mean, rstd, dx, partial):
+def _backward_kernel(x, dy, gamma, stats, dx, partial):
     """Fill dx (M, D) T and partial (C, 2, D) float64 with each chunk's (dgamma, dbeta).
 
-    x, dy: (M, D) T; gamma: (D,) T; mean, rstd: (M,) float64; C = partial.shape[0].
-    Rows go TILE at a time (the chunk's last M % TILE rows, and a tile holding a row whose T
-    sums are not finite, one at a time): the partials get the same additions in the same row
-    order either way.
+    x, dy: (M, D) T; gamma: (D,) T; stats: (M, NSTATS) float64; C = partial.shape[0].
+    Rows go TILE at a time (the chunk's last M % TILE rows, and a tile holding a scaled row or
+    a row whose T sums are not finite, one at a time): the partials get the same additions in
+    the same row order either way.
     """
     M, D = x.shape
     T = x.dtype.type
@@ -444,26 +489,27 @@ def _backward_kernel(x, dy, gamma, mean, rstd, dx, partial):
         i = c * M // C
         end = (c + 1) * M // C
         while i + TILE <= end:
-            finite = True
+            fast = True
             for k in range(TILE):
-                r = rstd[i + k]
-                hi = T(mean[i + k])
-                lo = T(mean[i + k] - hi)
+                s = stats[i + k]
+                r = s[RSTD]
+                hi = T(s[HI])
+                lo = T(s[LO])
                 su, sut = _sum_grad(x[i + k], dy[i + k], gamma, hi)
-                finite = finite and np.isfinite(su) and np.isfinite(sut)
+                fast = fast and s[SCALE] == 1.0 and np.isfinite(su) and np.isfinite(sut)
                 st[k, 0] = hi
                 st[k, 1] = lo
                 st[k, 2] = T(r)
                 st[k, 3] = T(su / D)
                 st[k, 4] = T(r * (sut - lo * su) / D)
-            if finite:
+            if fast:
                 _write_dx_tile(x[i:i + TILE], dy[i:i + TILE], gamma, st, dx[i:i + TILE], pg, pb)
             else:
                 for k in range(TILE):
-                    _backward_row(x, dy, gamma, mean, rstd, dx, pg, pb, i + k)
+                    _backward_row(x, dy, gamma, stats, dx, pg, pb, i + k)
             i += TILE
         for k in range(i, end):
-            _backward_row(x, dy, gamma, mean, rstd, dx, pg, pb, k)
+            _backward_row(x, dy, gamma, stats, dx, pg, pb, k)
 
 
 @njit(parallel=True, cache=True)
@@ -527,46 +573,45 @@ class CpuLayerNormCache:
         x: (M, D) the forward's input in the compute dtype: the caller's own memory when x was
             a C-contiguous float32/float64 array (then it must not change before the backward),
             else a converted copy.
-        mean: (M,) float64 row means (with the correction pass applied).
-        rstd: (M,) float64 1/sqrt(var + eps).
-        gamma: (D,) the caller's gamma (a reference), or None.
-        gamma_c: (D,) gamma in the compute dtype (ones when gamma is None).
+        stats: (M, NSTATS) float64 per row: the mean as HI + LO (two compute-dtype numbers),
+            RSTD and SCALE (module docstring).
+        gamma_c: (D,) gamma in the compute dtype, a copy taken by the forward (ones when gamma
+            is None): changing gamma afterwards does not change the backward.
+        gamma_dtype: dtype of gamma, or None when the forward had no gamma (then dgamma is None).
         beta_dtype: dtype of beta, or None when the forward had no beta (then dbeta is None).
         x_shape: shape of the forward's x; dy must have this shape.
         x_dtype: dtype of the forward's x; dx is returned in it.
         owns_x: True when ``x`` is a copy made by the forward (counted in ``nbytes``).
+        inputs: where the caller's x, gamma and beta live, so that the backward's ``out=`` is
+            refused when it overlaps them.
     """
 
     x: np.ndarray
-    mean: np.ndarray
-    rstd: np.ndarray
-    gamma: np.ndarray | None
+    stats: np.ndarray
     gamma_c: np.ndarray
+    gamma_dtype: np.dtype | None
     beta_dtype: np.dtype | None
     x_shape: tuple[int, ...]
     x_dtype: np.dtype
     owns_x: bool
+    inputs: tuple[Region, ...] = ()
+
+    @property
+    def mean(self) -> np.ndarray:
+        """(M,) float64 row means (HI + LO rounded to float64, unscaled)."""
+        s = self.stats
+        return (s[:, HI] + s[:, LO]) / s[:, SCALE]
+
+    @property
+    def rstd(self) -> np.ndarray:
+        """(M,) float64 1/sqrt(var + eps) of each row (unscaled)."""
+        return self.stats[:, RSTD] * self.stats[:, SCALE]
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds of its own: mean and rstd, and x when it is a copy."""
-        own = self.mean.nbytes + self.rstd.nbytes
+        """Bytes the cache holds of its own: stats and gamma, and x when it is a copy."""
+        own = self.stats.nbytes + self.gamma_c.nbytes
         return own + (self.x.nbytes if self.owns_x else 0)
-
-
-def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype, name: str,
-               inputs: tuple[np.ndarray, ...]) -> np.ndarray:
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
-    if out.shape != shape or out.dtype != dtype:
-        raise ValueError(f"{name} must have shape {shape} and dtype {dtype}, got shape "
-                         f"{out.shape} and dtype {out.dtype}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"{name} must be C-contiguous and writeable")
-    if any(np.may_share_memory(out, a) for a in inputs):
-        raise ValueError(f"{name} must not overlap the inputs or parameters (the cache keeps "
-                         f"x and gamma for the backward)")
-    return out
 
 
 def _deliver(r2: np.ndarray, out: np.ndarray | None, direct: bool, dtype: np.dtype,
@@ -587,9 +632,12 @@ def _as_compute(a: np.ndarray, cdt: np.dtype) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(a, dtype=cdt.newbyteorder("=")), True
 
 
+_OVERLAP = "(the caller's arrays are never written, and the backward reads x)"
+
+
 def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarray | None,
-             stats: tuple[np.ndarray, np.ndarray] | None
-             ) -> tuple[np.ndarray, CpuLayerNormCache]:
+             stats: np.ndarray | None) -> tuple[np.ndarray, CpuLayerNormCache]:
+    given = (x, gamma, beta)  # the caller's objects, before any conversion
     x = check_x(x)
     d = x.shape[-1]
     gamma = check_param(gamma, "gamma", d)
@@ -597,22 +645,25 @@ def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarra
     cdt = compute_dtype(x.dtype)
     eps = check_eps(eps, cdt)
     if out is not None:
-        out = _check_out(out, x.shape, x.dtype, "out",
-                         tuple(a for a in (x, gamma, beta) if a is not None))
+        out = check_out(out, x.shape, x.dtype, "out", given, _OVERLAP)
     xc, owns_x = _as_compute(x, cdt)
     x2 = xc.reshape(-1, d)  # (M, D)
     m = x2.shape[0]
-    gamma_c = np.ones(d, cdt) if gamma is None else _as_compute(gamma, cdt)[0]  # (D,)
+    # A copy of gamma, always: the backward differentiates the forward that ran.
+    gamma_c = np.ones(d, cdt) if gamma is None else np.array(gamma, dtype=cdt)  # (D,)
     beta_c = np.zeros(d, cdt) if beta is None else _as_compute(beta, cdt)[0]  # (D,)
-    mean, rstd = stats if stats is not None else (np.empty(m), np.empty(m))  # (M,), (M,)
+    if stats is None:
+        stats = np.empty((m, NSTATS))  # (M, NSTATS) float64
     direct = out is not None and x2.dtype == out.dtype
     y2 = out.reshape(m, d) if direct else np.empty((m, d), x2.dtype)  # (M, D)
-    _forward_kernel(x2, gamma_c, beta_c, eps, y2, mean, rstd)
+    _forward_kernel(x2, gamma_c, beta_c, eps, y2, stats)
     y = _deliver(y2, out, direct, x.dtype, x.shape)
     cache = CpuLayerNormCache(
-        x=x2, mean=mean, rstd=rstd, gamma=gamma, gamma_c=gamma_c,
+        x=x2, stats=stats, gamma_c=gamma_c,
+        gamma_dtype=None if gamma is None else gamma.dtype,
         beta_dtype=None if beta is None else beta.dtype,
         x_shape=x.shape, x_dtype=x.dtype, owns_x=owns_x,
+        inputs=tuple(r for r in map(region, given) if r is not None),
     )
     return y, cache
 
@@ -630,11 +681,12 @@ def layer_norm_forward(
     Args:
         x: (..., D) floating array with at least one axis; never modified, and kept by
             reference in the cache: do not modify it before the backward.
-        gamma: (D,) scale, or None for no scale.
+        gamma: (D,) scale, or None for no scale. The cache keeps a copy.
         beta: (D,) shift, or None for no shift.
         eps: finite positive number added to the variance.
         out: optional C-contiguous array of x's shape and dtype that receives y (reuse it
-            across calls: fresh outputs over 32 MB page-fault on every call).
+            across calls: fresh outputs over 32 MB page-fault on every call). It must not
+            overlap x, gamma or beta.
 
     Returns:
         y: same shape and dtype as x (``out`` when given). float16/bfloat16 are computed in
@@ -647,9 +699,11 @@ def layer_norm_forward(
 def _backward(dy: object, cache: object, out: np.ndarray | None,
               partial: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None,
                                                    np.ndarray | None]:
+    given = dy
     dy = check_dy(dy, cache, CpuLayerNormCache, "layernorm.cpu.layer_norm_forward")
     if out is not None:
-        out = _check_out(out, cache.x_shape, cache.x_dtype, "out", (dy, cache.x, cache.gamma_c))
+        out = check_out(out, cache.x_shape, cache.x_dtype, "out",
+                        (given, cache.x, cache.gamma_c, *cache.inputs), _OVERLAP)
     x2 = cache.x  # (M, D)
     m, d = x2.shape
     dy2 = _as_compute(dy, x2.dtype)[0].reshape(m, d)  # (M, D)
@@ -657,10 +711,10 @@ def _backward(dy: object, cache: object, out: np.ndarray | None,
     dx2 = out.reshape(m, d) if direct else np.empty((m, d), x2.dtype)  # (M, D)
     if partial is None:
         partial = np.empty((n_chunks(m), 2, d))  # (C, 2, D) float64
-    _backward_kernel(x2, dy2, cache.gamma_c, cache.mean, cache.rstd, dx2, partial)
+    _backward_kernel(x2, dy2, cache.gamma_c, cache.stats, dx2, partial)
     sums = np.empty((2, d))  # (2, D) float64: dgamma, dbeta
     _reduce_chunks(partial, sums)
-    dgamma = None if cache.gamma is None else sums[0].astype(cache.gamma.dtype)  # (D,)
+    dgamma = None if cache.gamma_dtype is None else sums[0].astype(cache.gamma_dtype)  # (D,)
     dbeta = None if cache.beta_dtype is None else sums[1].astype(cache.beta_dtype)  # (D,)
     dx = _deliver(dx2, out, direct, cache.x_dtype, cache.x_shape)
     return dx, dgamma, dbeta
@@ -674,7 +728,8 @@ def layer_norm_backward(
     Args:
         dy: gradient of the loss w.r.t. y, same shape as the forward's x; never modified.
         cache: the cache returned by :func:`layer_norm_forward`.
-        out: optional C-contiguous array of x's shape and dtype that receives dx.
+        out: optional C-contiguous array of x's shape and dtype that receives dx. It must not
+            overlap dy, nor the forward's x, gamma or beta.
 
     Returns:
         dx: same shape and dtype as x (``out`` when given).
@@ -704,12 +759,11 @@ class LayerNorm(reference.LayerNorm):
         self._buffers: dict[str, np.ndarray] = {}
 
     def _buffer(self, name: str, shape: tuple[int, ...], dtype: np.dtype,
-                avoid: tuple[np.ndarray, ...] = ()) -> np.ndarray:
+                avoid: tuple[object, ...] = ()) -> np.ndarray:
         """The buffer ``name``, reallocated when its shape or dtype changes or it overlaps
-        an array in ``avoid`` (e.g. ``forward(forward(x))`` passes the y buffer as x)."""
+        an array or Region in ``avoid`` (``forward(forward(x))`` passes the y buffer as x)."""
         buf = self._buffers.get(name)
-        if (buf is None or buf.shape != shape or buf.dtype != dtype
-                or any(np.may_share_memory(buf, a) for a in avoid)):
+        if buf is None or buf.shape != shape or buf.dtype != dtype or overlaps(buf, avoid):
             buf = self._buffers[name] = np.empty(shape, dtype)
         return buf
 
@@ -718,8 +772,7 @@ class LayerNorm(reference.LayerNorm):
         x = check_x(x)
         m = x.size // x.shape[-1]
         y = self._buffer("y", x.shape, x.dtype, (x,))
-        stats = (self._buffer("mean", (m,), np.dtype(np.float64)),
-                 self._buffer("rstd", (m,), np.dtype(np.float64)))
+        stats = self._buffer("stats", (m, NSTATS), np.dtype(np.float64))
         y, self._cache = _forward(x, self.gamma, self.beta, self.eps, y, stats)
         return y
 
@@ -732,7 +785,7 @@ class LayerNorm(reference.LayerNorm):
         cache = self._cache
         m, d = cache.x.shape
         dy = as_float_array(dy, "dy")
-        dx = self._buffer("dx", cache.x_shape, cache.x_dtype, (dy, cache.x))
+        dx = self._buffer("dx", cache.x_shape, cache.x_dtype, (dy, cache.x, *cache.inputs))
         partial = self._buffer("partial", (n_chunks(m), 2, d), np.dtype(np.float64))
         dx, self.dgamma, self.dbeta = _backward(dy, cache, dx, partial)
         return dx

@@ -492,6 +492,7 @@ def float32_backward(
         xhat=cache64.xhat.astype(np.float32).astype(np.float64),
         rstd=cache64.rstd.astype(np.float32).astype(np.float64),
         gamma=gamma64,
+        gamma_dtype=None if gamma64 is None else gamma64.dtype,
         beta_dtype=None,
         x_shape=cache64.x_shape,
         x_dtype=np.dtype(np.float32),

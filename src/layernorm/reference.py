@@ -16,7 +16,9 @@ and, with g = dy * gamma (g = dy without gamma),
 
 The backward needs only xhat (M, D) and rstd (M,) from the forward, plus gamma: that is
 all the cache holds. Two row reductions, mean(g) and mean(g * xhat), and no forward
-recomputation. x, mean and var are not kept: xhat and rstd are what the formula reads.
+recomputation. x, mean and var are not kept: xhat and rstd are what the formula reads. gamma
+is copied (D elements), so the backward differentiates the forward that ran even when the
+caller changes gamma in place in between (an optimizer step): every backend follows this rule.
 
 Accuracy mechanism (chosen by measurement: ``layernorm stability``, docs/numerics.md). All
 arithmetic is in the compute dtype cdt: float64 for float64 inputs, float32 for float32,
@@ -65,7 +67,8 @@ class LayerNormCache:
     Attributes:
         xhat: (M, D) normalized input in the compute dtype (float32 or float64).
         rstd: (M,) 1/sqrt(var + eps) in the compute dtype.
-        gamma: (D,) the caller's gamma (a reference, not a copy), or None.
+        gamma: (D,) a copy of the forward's gamma in the compute dtype, or None.
+        gamma_dtype: dtype of the forward's gamma (dgamma is returned in it), or None.
         beta_dtype: dtype of beta, or None when the forward had no beta (then dbeta is None).
         x_shape: shape of the forward's x; dy must have this shape.
         x_dtype: dtype of the forward's x; dx is returned in it.
@@ -74,14 +77,16 @@ class LayerNormCache:
     xhat: np.ndarray
     rstd: np.ndarray
     gamma: np.ndarray | None
+    gamma_dtype: np.dtype | None
     beta_dtype: np.dtype | None
     x_shape: tuple[int, ...]
     x_dtype: np.dtype
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds of its own (xhat and rstd; gamma is the caller's)."""
-        return self.xhat.nbytes + self.rstd.nbytes
+        """Bytes the cache holds: xhat, rstd and the copy of gamma."""
+        return self.xhat.nbytes + self.rstd.nbytes + (0 if self.gamma is None else
+                                                       self.gamma.nbytes)
 
 
 def _centre(xc: np.ndarray) -> np.ndarray:
@@ -129,7 +134,7 @@ def layer_norm_forward(
 
     Args:
         x: (..., D) floating array with at least one axis; never modified.
-        gamma: (D,) scale, or None for no scale.
+        gamma: (D,) scale, or None for no scale. The cache keeps a copy.
         beta: (D,) shift, or None for no shift.
         eps: finite positive number added to the variance.
 
@@ -145,16 +150,15 @@ def layer_norm_forward(
     eps = check_eps(eps, cdt)
 
     xhat, rstd = _normalize(x.reshape(-1, d), cdt, eps)  # (M, D), (M,)
-    if gamma is None:
-        y = xhat.copy()  # (M, D): y must not alias the cache
-    else:
-        y = xhat * gamma.astype(cdt, copy=False)  # (M, D)
+    gamma_c = None if gamma is None else np.array(gamma, dtype=cdt)  # (D,) a copy, always
+    y = xhat.copy() if gamma_c is None else xhat * gamma_c  # (M, D): y must not alias the cache
     if beta is not None:
         y += beta.astype(cdt, copy=False)
     cache = LayerNormCache(
         xhat=xhat,
         rstd=rstd,
-        gamma=gamma,
+        gamma=gamma_c,
+        gamma_dtype=None if gamma is None else gamma.dtype,
         beta_dtype=None if beta is None else beta.dtype,
         x_shape=x.shape,
         x_dtype=x.dtype,
@@ -193,10 +197,9 @@ def layer_norm_backward(
         g = dy2.copy()  # (M, D) working buffer for dx
         gxhat = dyxhat  # (M, D)
     else:
-        dgamma = dyxhat.sum(axis=0, dtype=np.float64).astype(gamma.dtype)  # (D,)
-        gamma_c = gamma.astype(cdt, copy=False)  # (D,)
-        g = dy2 * gamma_c  # (M, D)
-        gxhat = np.multiply(dyxhat, gamma_c, out=dyxhat)  # (M, D) g * xhat, in place
+        dgamma = dyxhat.sum(axis=0, dtype=np.float64).astype(cache.gamma_dtype)  # (D,)
+        g = dy2 * gamma  # (M, D)
+        gxhat = np.multiply(dyxhat, gamma, out=dyxhat)  # (M, D) g * xhat, in place
     mean_g = g.mean(axis=1, keepdims=True)  # (M, 1)
     mean_gxhat = gxhat.mean(axis=1, keepdims=True)  # (M, 1)
     # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), built in g's buffer
