@@ -33,6 +33,22 @@ def test_check_exits_1_on_a_broken_backward(monkeypatch, capsys):
     assert "FAIL" in out and "gradient check failed for x" in out
 
 
+def test_check_counts_an_inconclusive_gradient_check_as_a_failure(monkeypatch, capsys):
+    """Protects `layernorm check` from a silent pass or a traceback: a forward whose output has
+    a large constant part gives no verdict, which is a FAIL row and exit 1."""
+    real = check.layer_norm_forward
+
+    def shifted(*args, **kwargs):
+        y, cache = real(*args, **kwargs)
+        with np.errstate(over="ignore"):  # the half-precision rows overflow: they fail too
+            return y + 1e20, cache
+
+    monkeypatch.setattr(check, "layer_norm_forward", shifted)
+    assert cli.main(["check"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "inconclusive" in out
+
+
 def test_report_writes_markdown(tmp_path, monkeypatch):
     """Protects `layernorm report`: a README.md with the machine table and each section."""
     monkeypatch.setattr(report, "SECTIONS", [("Gradient checks", "layernorm.check:report_section")])

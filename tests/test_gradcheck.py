@@ -265,12 +265,20 @@ def test_no_false_alarm_at_a_large_offset(mode):
 
 
 def test_user_step_is_used():
-    """Protects eps: a step of 0.5 on x³ has truncation error h² = 0.25 and must fail."""
+    """Protects eps and the extrapolation: with a step of 0.5, x³'s truncation error (h² =
+    0.25) is removed exactly by extrapolating from h and h/2, so the check passes; x⁵'s is not
+    (h⁴/4 remains, while the two steps differ by 7.5·a²·h²): inconclusive, never a failure of
+    the right gradient nor a pass of a wrong one."""
     x = np.array([1.0, 2.0, 3.0])
     cube_vjp = lambda a, d: (3 * a**2 * d,)  # noqa: E731
     ln.check_vjp(lambda a: a**3, cube_vjp, (x,), mode="full")
-    with pytest.raises(ln.GradcheckError):
-        ln.check_vjp(lambda a: a**3, cube_vjp, (x,), mode="full", eps=0.5)
+    ln.check_vjp(lambda a: a**3, cube_vjp, (x,), mode="full", eps=0.5)
+    fifth_vjp = lambda a, d: (5 * a**4 * d,)  # noqa: E731
+    ln.check_vjp(lambda a: a**5, fifth_vjp, (x,), mode="full")
+    with pytest.raises(ln.GradcheckInconclusive, match="not smooth on the scale of the step"):
+        ln.check_vjp(lambda a: a**5, fifth_vjp, (x,), mode="full", eps=0.5)
+    with pytest.raises(ln.GradcheckError):  # eps too large hides nothing of a real bug
+        ln.check_vjp(lambda a: a**5, lambda a, d: (4 * a**4 * d,), (x,), mode="full", eps=0.5)
 
 
 def test_readme_quick_start_catches_a_bug():
@@ -285,3 +293,114 @@ def test_readme_quick_start_catches_a_bug():
 
     with pytest.raises(ln.GradcheckError):
         ln.check_vjp(f, off, (x, gamma, beta), mode="fast")
+
+
+def _ln_with_shift(shift):
+    """Layer norm plus a constant shift of the output, and a VJP that returns zero for x and
+    gamma (dbeta right): the gradients of x and gamma are wrong."""
+
+    def fwd(x, gamma, beta):
+        return f(x, gamma, beta) + shift
+
+    def zero_vjp(x, gamma, beta, dy):
+        return np.zeros_like(x), np.zeros_like(gamma), dy.sum(0)
+
+    return fwd, zero_vjp
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+@pytest.mark.parametrize("shift", [1e10, 1e20])
+def test_large_constant_output_never_passes_a_wrong_gradient(mode, shift):
+    """Protects against a silent pass: with beta + 1e10 (or 1e20) in the output, its rounding
+    hid the derivative and a zero gradient for x and gamma passed; now the check fails or says
+    it cannot judge (GradcheckInconclusive), and a right gradient never fails."""
+    rng = np.random.default_rng(4)
+    args = (rng.standard_normal((4, 16)), rng.standard_normal(16), rng.standard_normal(16))
+    fwd, zero_vjp = _ln_with_shift(shift)
+    with pytest.raises((ln.GradcheckError, ln.GradcheckInconclusive)) as info:
+        ln.check_vjp(fwd, zero_vjp, args, mode=mode, names=NAMES)
+    assert info.value.arg in ("x", "gamma")
+    if shift == 1e20:  # nothing of the derivative survives in the output: never a verdict
+        with pytest.raises(ln.GradcheckInconclusive, match="large constant part"):
+            ln.check_vjp(fwd, vjp, args, mode=mode, names=NAMES)
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_report_shows_the_round_off_allowance(mode):
+    """Protects the report: the tolerance it shows is the one used, round-off included (full
+    mode showed 1e-10 while allowing 0.4)."""
+    rng = np.random.default_rng(5)
+    args = (rng.standard_normal((4, 16)), rng.standard_normal(16), rng.standard_normal(16))
+    fwd, _ = _ln_with_shift(1e3)
+    report = ln.check_vjp(fwd, vjp, args, mode=mode, names=NAMES)
+    for a in report.args:
+        assert 0 < a.roundoff <= a.tolerance and a.max_abs_err <= a.tolerance
+    assert report.args[0].roundoff > 1e-10  # the shift's rounding, beyond the default atol
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_right_gradients_of_curved_functions_pass(mode):
+    """Protects against false alarms from truncation: sin(a) with |a| ~ 1e3 gets a step of
+    6e-3 from its spread; its h² error (6e-6 relative) failed right gradients (33% of draws in
+    fast mode, 98% in full). Extrapolating from h and h/2 removes it."""
+    for seed in range(5):
+        a = 1e3 * np.random.default_rng(seed).standard_normal((3, 7))
+        ln.check_vjp(np.sin, lambda a, d: (np.cos(a) * d,), (a,), mode=mode, seed=seed)
+    with pytest.raises(ln.GradcheckError):  # and a gradient 1e-4 off still fails
+        ln.check_vjp(np.sin, lambda a, d: (np.cos(a) * d * (1 + 1e-4),), (a,), mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_empty_argument_has_nothing_to_check(mode):
+    """Protects empty arguments: a ZeroDivisionError in fast mode; now n_checked = 0, while the
+    gradient's shape is still checked and the other arguments are checked as usual."""
+    e, b = np.zeros((0, 3)), np.random.default_rng(6).standard_normal(3)
+
+    def g(e, b):
+        return np.sin(b) + e.sum()
+
+    report = ln.check_vjp(g, lambda e, b, d: (np.zeros((0, 3)), np.cos(b) * d), (e, b), mode=mode)
+    assert [a.n_checked for a in report.args] == [0, 2 if mode == "fast" else 3]
+    with pytest.raises(ValueError, match="arg0 has shape"):
+        ln.check_vjp(g, lambda e, b, d: (np.zeros(3), np.cos(b) * d), (e, b), mode=mode)
+
+
+def test_outputs_that_cannot_be_differentiated_are_refused():
+    """Protects clear errors for f's output: None was blamed on the gradient ("numerical nan"),
+    and integer, bool and complex outputs and complex gradients were accepted with the imaginary
+    part dropped."""
+    a = np.random.default_rng(7).standard_normal(4)
+    ident = lambda a, d: (d,)  # noqa: E731
+    with pytest.raises(TypeError, match="f's output is None"):
+        ln.check_vjp(lambda a: None, ident, (a,))
+    for bad, dtype in ((lambda a: a > 0, "bool"), (lambda a: a.astype(int), "int64"),
+                       (lambda a: a * 1j, "complex128")):
+        with pytest.raises(TypeError, match=f"real floating dtype.*got {dtype}"):
+            ln.check_vjp(bad, ident, (a,))
+    with pytest.raises(TypeError, match="gradient for arg0 must be real numbers"):
+        ln.check_vjp(lambda a: 2 * a, lambda a, d: (2j * d,), (a,))
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_tuple_outputs_of_different_shapes(mode):
+    """Protects several outputs (a raw NumPy error before): f returns (y, h), the cotangent
+    reaches f_vjp as (dy, dh), and a wrong term is caught. The example is the residual add
+    before a norm: h = x + r, y = layer_norm(h)."""
+    rng = np.random.default_rng(8)
+    x, r = rng.standard_normal((3, 8)), rng.standard_normal((3, 8))
+    g = rng.standard_normal(8)
+
+    def add_norm(x, r):
+        h = x + r
+        return ln.layer_norm_forward(h, g)[0], h.sum(0)  # (3, 8) and (8,)
+
+    def add_norm_vjp(x, r, dout, drop_dh=False):
+        dy, dsum = dout
+        dx = ln.layer_norm_backward(dy, ln.layer_norm_forward(x + r, g)[1])[0]
+        if not drop_dh:
+            dx = dx + dsum  # h.sum(0)'s cotangent reaches every row of h
+        return dx, dx
+
+    ln.check_vjp(add_norm, add_norm_vjp, (x, r), mode=mode)
+    with pytest.raises(ln.GradcheckError):
+        ln.check_vjp(add_norm, lambda x, r, d: add_norm_vjp(x, r, d, True), (x, r), mode=mode)

@@ -4,13 +4,14 @@
 (numba) and ``layernorm.gpu`` (torch + triton) and are imported only when used.
 """
 
-from .gradcheck import GradcheckError, GradcheckReport, check_vjp
+from .gradcheck import GradcheckError, GradcheckInconclusive, GradcheckReport, check_vjp
 from .reference import LayerNorm, LayerNormCache, layer_norm_backward, layer_norm_forward
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GradcheckError",
+    "GradcheckInconclusive",
     "GradcheckReport",
     "LayerNorm",
     "LayerNormCache",

@@ -21,6 +21,7 @@ except ImportError:  # NumPy < 2
 
 __all__ = [
     "FLOAT_DTYPE_NAMES",
+    "SIGNIFICAND_BITS",
     "Region",
     "as_float_array",
     "available_dtypes",
@@ -54,6 +55,8 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 
 
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+# Bits of the significand, the implicit leading bit included.
+SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 
 
 def is_float_dtype(dtype: np.dtype) -> bool:

@@ -16,10 +16,10 @@ once, y written once):
 
 where m0 + c is formed exactly (two-sum in float64) and split into hi = T(m0 + c) and lo, the
 rest, so the centring keeps the corrected mean's accuracy in float32 and in float64 alike (a
-float64 mean rounded to one number would lose c, which is below its ulp). This is the reference's accuracy
-mechanism (two passes, then one correction pass that subtracts the mean of the centred
-values) folded into scalars: the correction c is the mean of the centred values, and
-subtracting it from every centred value is the same as centring on m0 + c.
+float64 mean rounded to one number would lose c, which is below its ulp). This is the
+reference's accuracy mechanism (two passes, then one correction pass that subtracts the mean
+of the centred values) folded into scalars: the correction c is the mean of the centred
+values, and subtracting it from every centred value is the same as centring on m0 + c.
 
 Backward, two sweeps; with t_j = x_j - hi and u_j = dy_j * gamma_j (u = dy without gamma):
 
@@ -34,10 +34,11 @@ but leaves an error of an ulp of rstd * |u| where the reference has an ulp of |u
 D = 1, exactly zero against 2e-5 * |u| with eps = 1e-5).
 
 The cache holds what makes that backward cheapest: per row hi, lo, rstd and a scale (float64,
-32 bytes a row; the scale is 1 except on the rows below), a copy of gamma (D elements: the
-backward differentiates the forward that ran, whatever happens to the caller's gamma), and a
-reference to x itself (no copy when x is already a C-contiguous float32 or float64 array). The backward recomputes xhat from x on the fly, so it reads x and dy and writes
-dx: the minimal 3·M·D·itemsize bytes. **x must not be modified between the forward and the
+32 bytes a row; the scale is 1 except on rows whose sums overflow, below), a copy of gamma (D
+elements: the backward differentiates the forward that ran, whatever happens to the caller's
+gamma), and a reference to x itself (no copy when x is already a C-contiguous float32 or
+float64 array). The backward recomputes xhat from x on the fly, so it reads x and dy and
+writes dx: the minimal 3·M·D·itemsize bytes. **x must not be modified between the forward and the
 backward**, exactly as PyTorch's saved tensors. (The reference keeps its own xhat instead.)
 
 Summation order and determinism. Every row sum above accumulates in blocks of BLOCK elements

@@ -1,26 +1,43 @@
 r"""Finite-difference check of a vector-Jacobian product, for any function.
 
-Given f(*args) -> array and f_vjp(*args, dout) -> one gradient per arg, the check
-compares the analytic vᵀJ from f_vjp with central differences of f, in float64.
+Given f(*args) -> array (or a tuple of arrays) and f_vjp(*args, dout) -> one gradient per arg,
+the check compares the analytic vᵀJ from f_vjp with central differences of f, in float64.
 
 ``mode="fast"`` (any size, a few evaluations): for each argument a, draw a random unit
 direction u over a and a random unit cotangent v over the output, and compare
 
-    numerical  (v·f(a₊) - v·f(a₋)) / 2h          a₊ = a + h u,  a₋ = a - h u (rounded)
+    numerical  v·(f(a₊) - f(a₋)) / 2h            a₊ = a + h u,  a₋ = a - h u (rounded)
     analytic   (vᵀJ)·(a₊ - a₋) / 2h              vᵀJ = f_vjp(..., v)
 
 The analytic side uses the step actually taken, a₊ - a₋, so the rounding of a ± h u does
-not count as error (it matters when |a| is large against h). A wrong gradient passes only
-if its error is orthogonal to u, a probability-zero event for a random u.
-
-Tolerance: atol + rtol·(|analytic| + ‖vᵀJ‖/√n) + round-off, where ‖vᵀJ‖/√n is the typical
-size of (vᵀJ)·u for a random unit u over n elements (so the test's power does not fade as
-n grows), and round-off = 2ε·(Σ|v∘f(a₊)| + Σ|v∘f(a₋)|)/2h bounds the rounding of the two
-dot products. Any non-finite value fails.
+not count as error (it matters when |a| is large against h); the outputs are subtracted
+before the dot product, so a large constant part of f cancels exactly there. A wrong gradient
+passes only if its error is orthogonal to u, a probability-zero event for a random u.
 
 ``mode="full"``: per element k of each argument (all of them, or a random sample of
-``max_elements``), compare ∂(v·f)/∂a_k by central differences with (vᵀJ)_k. Tolerance per
-element: atol + rtol·max|vᵀJ| + the same round-off term.
+``max_elements``), the same comparison with u = the k-th unit vector.
+
+Tolerance: atol + rtol·(|analytic| + scale) + round-off. scale is the typical size of the
+derivative: ‖vᵀJ‖/√n in fast mode (the size of (vᵀJ)·u for a random unit u over n elements,
+so the test's power does not fade as n grows), max|vᵀJ| in full mode. round-off =
+2ε·Σ|v|·(|f(a₊)| + |f(a₋)|)/2h, ε the output dtype's machine epsilon, bounds what the
+rounding of f's outputs does to the difference. Any non-finite value fails.
+
+Truncation. A comparison that fails at step h is repeated at h/2 and judged on the
+Richardson extrapolation of the two (error O(h⁴) instead of O(h²)), so a function curved on
+the scale of the step (sin(a) with |a| ~ 1e3) does not fail a right gradient. It fails only
+if the extrapolated difference exceeds its tolerance plus the change between the two steps;
+otherwise the differences cannot tell and the check says so.
+
+Never a silent pass. A passing comparison must also have a round-off allowance within atol
+or RESOLUTION (1e-3) of the derivative's size; where it has not (f's output has a large
+constant part, e.g. y + 1e10, whose rounding hides the derivative; or the derivative is zero
+and f's output is not), the comparison is repeated with a step WIDEN (64) times longer, which
+divides the round-off by 64. Where the check still cannot judge, it raises
+:class:`GradcheckInconclusive` instead of passing; also where the differences at h and h/2
+disagree by more than they differ from the analytic value (f is not smooth on the scale of the
+step). The derivative's size is the
+largest of |analytic|, |numerical| and the argument's scale.
 
 Step: h = 6e-6·max(1, std(a)) (ε^(1/3) balances truncation against round-off, scaled by
 the spread of a, not its size: x = 1e4 + N(0, 1) needs a step against 1, not 1e4). Fast
@@ -29,8 +46,9 @@ keeps round-off down while truncation, which falls with the displacement, stays 
 
 A fast-mode failure is followed by a full check of that argument, on a sample whose size
 keeps the cost to about 2^26 output elements computed, so the error names an element.
-The caller's arrays are never touched: the checker works on private float64 copies, and
-draws u and v from a private generator.
+Empty arguments have nothing to check (their gradients must still have their shape). The
+caller's arrays are never touched: the checker works on private float64 copies, and draws u
+and v from a private generator.
 """
 
 from __future__ import annotations
@@ -41,11 +59,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validate import is_float_dtype
+from ._validate import SIGNIFICAND_BITS, is_float_dtype
 
-__all__ = ["ArgReport", "GradcheckError", "GradcheckReport", "check_vjp"]
+__all__ = [
+    "RESOLUTION",
+    "WIDEN",
+    "ArgReport",
+    "GradcheckError",
+    "GradcheckInconclusive",
+    "GradcheckReport",
+    "check_vjp",
+]
 
-_EPS64 = np.finfo(np.float64).eps
+# The largest share of the derivative's size that f's round-off may hide in a passing check.
+RESOLUTION = 1e-3
+# Where round-off hides the derivative, the comparison is repeated with a step this much longer.
+WIDEN = 64.0
 
 
 class GradcheckError(Exception):
@@ -73,15 +102,37 @@ class GradcheckError(Exception):
         self.tolerance = tolerance
 
 
+class GradcheckInconclusive(Exception):
+    """Finite differences cannot judge the gradient at this point (module docstring).
+
+    Attributes: ``arg`` (name), ``index`` (element, or None for a direction), ``hidden``
+    (the error the differences cannot see: the round-off allowance, or the change between
+    steps h and h/2) and ``size`` (the derivative's size it was compared with).
+    """
+
+    def __init__(self, message: str, *, arg: str, index: tuple[int, ...] | None,
+                 hidden: float, size: float) -> None:
+        super().__init__(message)
+        self.arg = arg
+        self.index = index
+        self.hidden = hidden
+        self.size = size
+
+
 @dataclass(frozen=True)
 class ArgReport:
-    """Result for one argument: largest errors over what was checked."""
+    """Result for one argument: largest errors and allowances over what was checked.
+
+    ``tolerance`` is the largest tolerance a comparison used, round-off included;
+    ``roundoff`` the largest round-off allowance in it.
+    """
 
     name: str
     n_checked: int
     max_abs_err: float
     max_rel_err: float
     tolerance: float
+    roundoff: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +157,63 @@ def _unit(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return u / n if n > 0 else u
 
 
+def _is_real_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or is_float_dtype(dtype)
+
+
+def _epsilon(dtype: np.dtype) -> float:
+    """Machine epsilon (the spacing at 1) of a real floating dtype, bfloat16 included."""
+    bits = SIGNIFICAND_BITS.get(dtype.name)
+    return 2.0 ** (1 - bits) if bits is not None else float(np.finfo(dtype).eps)
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """How f's result is laid out: one array, or a tuple of arrays (flattened in order)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    is_tuple: bool
+    eps: np.ndarray  # (size,) machine epsilon of each output element's dtype
+
+    @property
+    def size(self) -> int:
+        return self.eps.size
+
+    def split(self, flat: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """The flat (size,) cotangent in f's layout, as f_vjp receives it."""
+        parts, start = [], 0
+        for shape in self.shapes:
+            n = int(np.prod(shape, dtype=np.int64))
+            parts.append(flat[start:start + n].reshape(shape))
+            start += n
+        return tuple(parts) if self.is_tuple else parts[0]
+
+
+def _as_output(y: object) -> tuple[np.ndarray, _Outputs]:
+    """f's result as one flat float64 vector, and its layout; TypeError for what is not
+    real floating arrays."""
+    is_tuple = isinstance(y, (tuple, list))
+    parts = list(y) if is_tuple else [y]
+    if is_tuple and not parts:
+        raise TypeError("f returned an empty tuple: it must return an array or a tuple of arrays")
+    arrays = []
+    for k, part in enumerate(parts):
+        what = f"f's output {k}" if is_tuple else "f's output"
+        if part is None:
+            raise TypeError(f"{what} is None: f must return an array or a tuple of arrays")
+        try:
+            a = np.asarray(part)
+        except Exception as exc:  # ragged nested lists
+            raise TypeError(f"{what} is not an array: {exc}") from None
+        if not _is_real_float(a.dtype):
+            raise TypeError(f"{what} must have a real floating dtype to be differentiated, got "
+                            f"{a.dtype}")
+        arrays.append(a)
+    flat = np.concatenate([a.astype(np.float64).ravel() for a in arrays])
+    eps = np.concatenate([np.full(a.size, _epsilon(a.dtype)) for a in arrays])
+    return flat, _Outputs(tuple(a.shape for a in arrays), is_tuple, eps)
+
+
 class _Problem:
     """f and f_vjp on private float64 copies of the differentiable arguments."""
 
@@ -115,13 +223,17 @@ class _Problem:
             np.array(a, dtype=np.float64, copy=True) if _differentiable(a) else a for a in args
         ]
         self.diff = [i for i, a in enumerate(args) if _differentiable(a)]
+        self.y, self.layout = _as_output(f(*self.args))
 
-    def out(self, args: list | None = None) -> np.ndarray:
-        y = self.f(*(self.args if args is None else args))
-        return np.asarray(y, dtype=np.float64)
+    def out(self, args: list) -> np.ndarray:
+        flat, layout = _as_output(self.f(*args))
+        if layout.shapes != self.layout.shapes:
+            raise ValueError(f"f's output changed layout between evaluations: "
+                             f"{self.layout.shapes} at the point, {layout.shapes} nearby")
+        return flat
 
     def vjp(self, v: np.ndarray) -> list:
-        grads = self.f_vjp(*self.args, v)
+        grads = self.f_vjp(*self.args, self.layout.split(v))
         if not isinstance(grads, (tuple, list)) or len(grads) != len(self.args):
             n = len(grads) if hasattr(grads, "__len__") else "?"
             raise TypeError(
@@ -133,31 +245,38 @@ class _Problem:
     def grad_of(self, grads: list, i: int) -> np.ndarray:
         """The analytic gradient of arg i as float64 with arg i's shape."""
         gi = grads[i]
+        name = self.names[i]
         if gi is None:
             raise TypeError(
-                f"f_vjp returned None for {self.names[i]}, a floating array argument; pass it "
+                f"f_vjp returned None for {name}, a floating array argument; pass it "
                 f"as a constant (e.g. wrap it in a lambda) if it is not meant to be differentiated"
             )
-        gi = np.asarray(gi, dtype=np.float64)
-        if gi.shape != self.args[i].shape:
+        try:
+            arr = np.asarray(gi)
+        except Exception as exc:
+            raise TypeError(f"f_vjp's gradient for {name} is not an array: {exc}") from None
+        if arr.dtype.kind not in "iuf" and not is_float_dtype(arr.dtype):
+            raise TypeError(f"f_vjp's gradient for {name} must be real numbers, got dtype "
+                            f"{arr.dtype}")
+        if arr.shape != self.args[i].shape:
             raise ValueError(
-                f"f_vjp's gradient for {self.names[i]} has shape {gi.shape}, "
+                f"f_vjp's gradient for {name} has shape {arr.shape}, "
                 f"expected {self.args[i].shape}"
             )
-        return gi
+        return arr.astype(np.float64)
 
-    def directional(self, i: int, u: np.ndarray, v: np.ndarray, h: float) -> tuple:
+    def difference(self, i: int, u: np.ndarray, v: np.ndarray, h: float) -> tuple:
         """Central difference of v·f along h·u in arg i.
 
         Returns (numerical derivative, the step taken a₊ - a₋ divided by 2h, round-off bound).
         """
         args = list(self.args)
         args[i] = ap = self.args[i] + h * u
-        vfp = v * self.out(args)
+        fp = self.out(args)
         args[i] = am = self.args[i] - h * u
-        vfm = v * self.out(args)
-        num = (float(np.sum(vfp)) - float(np.sum(vfm))) / (2 * h)
-        noise = 2 * _EPS64 * (float(np.sum(np.abs(vfp))) + float(np.sum(np.abs(vfm)))) / (2 * h)
+        fm = self.out(args)
+        num = float(np.dot(v, fp - fm)) / (2 * h)
+        noise = 2 * float(np.dot(self.layout.eps * np.abs(v), np.abs(fp) + np.abs(fm))) / (2 * h)
         return num, (ap - am) / (2 * h), noise
 
 
@@ -169,9 +288,85 @@ def _step(a: np.ndarray, eps: float | None, fast: bool) -> float:
     """Central-difference step for argument a (module docstring)."""
     if eps is not None:
         return eps
-    spread = float(np.std(a)) if a.size else 1.0
-    h = 6e-6 * max(1.0, spread)
+    h = 6e-6 * max(1.0, float(np.std(a)))
     return h * a.size ** (1 / 6) if fast else h
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """One comparison: ``status`` is "pass", "fail" or "inconclusive"."""
+
+    status: str
+    analytic: float
+    numerical: float
+    tolerance: float
+    roundoff: float
+    step: float
+    hidden: float = 0.0  # what made it inconclusive
+    size: float = 0.0  # the derivative's size it was compared with
+    extrapolated: bool = False
+    rough: bool = False  # inconclusive because the steps h and h/2 disagree
+
+    @property
+    def err(self) -> float:
+        d = abs(self.numerical - self.analytic)
+        return d if np.isfinite(d) else np.inf
+
+
+@dataclass(frozen=True)
+class _Limits:
+    atol: float
+    rtol: float
+    scale: float  # this argument's typical derivative size
+
+    def size(self, ana: float, num: float) -> float:
+        return max(abs(ana), abs(num) if np.isfinite(num) else 0.0, self.scale)
+
+    def judge(self, ana: float, num: float, tol: float, noise: float, h: float,
+              extrapolated: bool, change: float = 0.0) -> _Verdict:
+        size = self.size(ana, num)
+        err = abs(num - ana)
+        if not err <= tol:  # also catches NaN
+            if extrapolated and np.isfinite(err) and err <= tol + change:
+                return _Verdict("inconclusive", ana, num, tol + change, noise, h, change, size,
+                                extrapolated=True, rough=True)
+            return _Verdict("fail", ana, num, tol + change, noise, h, extrapolated=extrapolated)
+        if noise > max(RESOLUTION * size, self.atol):
+            return _Verdict("inconclusive", ana, num, tol, noise, h, noise, size, extrapolated)
+        return _Verdict("pass", ana, num, tol, noise, h, extrapolated=extrapolated)
+
+
+def _compare(p: _Problem, i: int, g: np.ndarray, u: np.ndarray, v: np.ndarray, h: float,
+             lim: _Limits, retry: bool = True) -> _Verdict:
+    """Compare (vᵀJ)·u with central differences at h (module docstring); where round-off
+    hides the derivative, again at WIDEN·h."""
+    vd = _compare_at(p, i, g, u, v, h, lim, retry)
+    if retry and vd.status == "inconclusive" and not vd.extrapolated:
+        wide = _compare_at(p, i, g, u, v, WIDEN * h, lim, retry)
+        # a step that leaves f's domain (non-finite values) decides nothing
+        if wide.status != "fail" or np.isfinite(wide.err):
+            return wide
+    return vd
+
+
+def _compare_at(p: _Problem, i: int, g: np.ndarray, u: np.ndarray, v: np.ndarray, h: float,
+                lim: _Limits, retry: bool) -> _Verdict:
+    """Compare (vᵀJ)·u with central differences at h; on failure, extrapolate from h and h/2."""
+    num, step, noise = p.difference(i, u, v, h)
+    ana = float(np.vdot(g, step))
+    tol = lim.atol + lim.rtol * (abs(ana) + lim.scale) + noise
+    first = lim.judge(ana, num, tol, noise, h, extrapolated=False)
+    if first.status != "fail" or not retry or not np.isfinite(num - ana):
+        return first
+    num2, step2, noise2 = p.difference(i, u, v, h / 2)
+    ana2 = float(np.vdot(g, step2))
+    # Residuals r = num - ana at h and h/2: r(h) = e + c h² + ..., Richardson removes c h².
+    r1, r2 = num - ana, num2 - ana2
+    resid = (4 * r2 - r1) / 3
+    noise_r = (4 * noise2 + noise) / 3
+    tol_r = lim.atol + lim.rtol * (abs(ana2) + lim.scale) + noise_r
+    return lim.judge(ana2, ana2 + resid, tol_r, noise_r, h, extrapolated=True,
+                     change=abs(r1 - r2))
 
 
 def _full(
@@ -180,44 +375,66 @@ def _full(
     g: np.ndarray,
     v: np.ndarray,
     h: float,
-    atol: float,
-    rtol: float,
+    lim: _Limits,
     max_elements: int | None,
     rng: np.random.Generator,
-) -> tuple[ArgReport, GradcheckError | None]:
+    retry: bool = True,
+) -> tuple[ArgReport, GradcheckError | None, GradcheckInconclusive | None]:
+    """Every sampled element of arg i; the worst failure and the first inconclusive element."""
     a = p.args[i]
     flat = np.arange(a.size)
     if max_elements is not None and a.size > max_elements:
         flat = np.sort(rng.choice(a.size, size=max_elements, replace=False))
-    scale = float(np.max(np.abs(g))) if g.size else 0.0
-    worst = None  # (excess over tolerance, index, analytic, numerical, tol)
-    max_abs = max_rel = 0.0
-    tol_used = atol + rtol * scale
+    worst = None  # (excess over tolerance, index, verdict)
+    unsure = None
+    max_abs = max_rel = tol_used = roundoff = 0.0
     for k in flat:
         e = np.zeros(a.size)
         e[k] = 1.0
-        num, step, noise = p.directional(i, e.reshape(a.shape), v, h)
-        idx = np.unravel_index(k, a.shape)
-        ana = float(g[idx]) * float(step[idx])
-        err = abs(num - ana)
-        tol = atol + rtol * scale + noise
-        max_abs = max(max_abs, err) if np.isfinite(err) else np.inf
-        max_rel = max(max_rel, err / scale if scale > 0 else err) if np.isfinite(err) else np.inf
-        excess = err - tol if np.isfinite(err) and np.isfinite(tol) else np.inf
-        if worst is None or excess > worst[0]:
-            worst = (excess, tuple(int(j) for j in idx), ana, num, tol)
-    report = ArgReport(p.names[i], len(flat), max_abs, max_rel, tol_used)
-    if worst is not None and worst[0] > 0:
-        _, idx, ana, num, tol = worst
-        msg = (
-            f"gradient check failed for {p.names[i]} at index {idx}: analytic {ana:.10g}, "
-            f"numerical {num:.10g}, |difference| {abs(ana - num):.3g} > tolerance {tol:.3g} "
-            f"(full mode, {len(flat)} of {a.size} elements checked)"
-        )
-        return report, GradcheckError(
-            msg, arg=p.names[i], index=idx, analytic=ana, numerical=num, tolerance=tol
-        )
-    return report, None
+        verdict = _compare(p, i, g, e.reshape(a.shape), v, h, lim, retry)
+        idx = tuple(int(j) for j in np.unravel_index(k, a.shape))
+        err = verdict.err
+        max_abs = max(max_abs, err)
+        max_rel = max(max_rel, err / lim.scale if lim.scale > 0 else err)
+        tol_used = max(tol_used, verdict.tolerance)
+        roundoff = max(roundoff, verdict.roundoff)
+        if verdict.status == "fail":
+            excess = err - verdict.tolerance
+            if worst is None or excess > worst[0]:
+                worst = (excess, idx, verdict)
+        elif verdict.status == "inconclusive" and unsure is None:
+            unsure = _inconclusive(p.names[i], idx, verdict, "full")
+    report = ArgReport(p.names[i], len(flat), max_abs, max_rel, tol_used, roundoff)
+    if worst is None:
+        return report, None, unsure
+    _, idx, vd = worst
+    how = ", extrapolated from steps h and h/2" if vd.extrapolated else ""
+    msg = (
+        f"gradient check failed for {p.names[i]} at index {idx}: analytic {vd.analytic:.10g}, "
+        f"numerical {vd.numerical:.10g}, |difference| {vd.err:.3g} > tolerance "
+        f"{vd.tolerance:.3g} (full mode{how}, {len(flat)} of {a.size} elements checked)"
+    )
+    return report, GradcheckError(msg, arg=p.names[i], index=idx, analytic=vd.analytic,
+                                  numerical=vd.numerical, tolerance=vd.tolerance), unsure
+
+
+def _inconclusive(name: str, index: tuple[int, ...] | None, vd: _Verdict,
+                  mode: str) -> GradcheckInconclusive:
+    where = f" at index {index}" if index is not None else ""
+    h = vd.step
+    if vd.rough:
+        why = (f"finite differences at steps {h:.3g} and {h / 2:.3g} change by {vd.hidden:.3g}, "
+               f"as much as they differ from the analytic value {vd.analytic:.10g}: f is not "
+               f"smooth on the scale of the step; pass a smaller eps")
+    else:
+        why = (f"the rounding of f's output could hide {vd.hidden:.3g} in the derivative, more "
+               f"than atol and {RESOLUTION:g} of its size {vd.size:.3g}, even with the step "
+               f"{h:.3g}: f's output has a large constant part or barely changes over the step; "
+               f"check f without the constant part, pass a larger eps, or a larger atol if "
+               f"derivatives below it do not matter")
+    return GradcheckInconclusive(
+        f"gradient check of {name}{where} is inconclusive ({mode} mode): {why}",
+        arg=name, index=index, hidden=vd.hidden, size=vd.size)
 
 
 # Budget of output elements computed by the follow-up of a fast-mode failure: each sampled
@@ -248,8 +465,24 @@ def _real(value: object, name: str) -> float:
     return float(value)
 
 
+def _scales(p: _Problem, grads: list, fast: bool) -> dict[int, float]:
+    """Each differentiable argument's typical derivative size (module docstring)."""
+    out = {}
+    for i in p.diff:
+        g = p.grad_of(grads, i)
+        if g.size == 0:
+            out[i] = 0.0
+        elif fast:
+            out[i] = float(np.linalg.norm(g)) / np.sqrt(g.size)
+        else:
+            out[i] = float(np.max(np.abs(g)))
+        if not np.isfinite(out[i]):
+            out[i] = 0.0  # a non-finite gradient fails its comparison; it sets no size
+    return out
+
+
 def check_vjp(
-    f: Callable[..., np.ndarray],
+    f: Callable[..., np.ndarray | tuple[np.ndarray, ...]],
     f_vjp: Callable[..., Sequence[np.ndarray | None]],
     args: Sequence[object],
     *,
@@ -265,9 +498,10 @@ def check_vjp(
     """Check ``f_vjp`` against central differences of ``f``; raise on disagreement.
 
     Args:
-        f: ``f(*args) -> array``.
+        f: ``f(*args) -> array``, or a tuple of arrays (of any shapes), of real floats.
         f_vjp: ``f_vjp(*args, dout) -> tuple`` with one entry per arg: the gradient of
             ``sum(dout * f(*args))`` w.r.t. that arg, or None for a non-array argument.
+            ``dout`` has f's layout: an array, or a tuple with one array per output.
         args: the point to check at. Floating ndarrays are differentiated (as float64
             copies: the caller's arrays are never modified); anything else is passed as is.
         mode: ``"fast"`` (random directional derivatives) or ``"full"`` (per element).
@@ -286,7 +520,9 @@ def check_vjp(
 
     Raises:
         GradcheckError: naming the argument, the worst element, both values and the tolerance.
-        ValueError, TypeError: for bad arguments or f_vjp results of the wrong shape.
+        GradcheckInconclusive: where finite differences cannot judge (never a silent pass).
+        ValueError, TypeError: for bad arguments, or results of f or f_vjp that are not
+            real arrays of the right shapes.
     """
     if mode not in ("fast", "full"):
         raise ValueError(f"mode must be 'fast' or 'full', got {mode!r}")
@@ -312,61 +548,80 @@ def check_vjp(
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     rng = np.random.default_rng([int(seed), 0x9E3779B9])
-    p = _Problem(f, f_vjp, args, names)
-    if not p.diff:
+    if not any(_differentiable(a) for a in args):
         raise ValueError("args has no floating ndarray to differentiate")
-    y = p.out()
-    reports = []
+    p = _Problem(f, f_vjp, args, names)
+    checked = [i for i in p.diff if p.args[i].size > 0]  # an empty argument has nothing to vary
+    unsure: list[GradcheckInconclusive] = []
+
     if mode == "full":
-        v = _unit(rng, y.shape)
+        v = _unit(rng, (p.layout.size,))
         grads = p.vjp(v)
+        scales = _scales(p, grads, fast=False)
+        reports = []
         for i in p.diff:
+            if i not in checked:
+                reports.append(ArgReport(p.names[i], 0, 0.0, 0.0, 0.0))
+                continue
             g = p.grad_of(grads, i)
-            h = _step(p.args[i], eps, fast=False)
-            report, err = _full(p, i, g, v, h, atol, rtol, max_elements, rng)
+            lim = _Limits(atol, rtol, scales[i])
+            report, err, inc = _full(p, i, g, v, _step(p.args[i], eps, False), lim,
+                                     max_elements, rng)
             if err is not None:
                 raise err
+            unsure += [inc] if inc is not None else []
             reports.append(report)
+        if unsure:
+            raise unsure[0]
         return GradcheckReport("full", reports)
 
-    stats = {i: [0.0, 0.0, 0.0] for i in p.diff}  # max abs, max rel, tolerance
+    stats = {i: [0.0, 0.0, 0.0, 0.0] for i in p.diff}  # max abs, max rel, tolerance, round-off
     for _ in range(n_directions):
-        v = _unit(rng, y.shape)
+        v = _unit(rng, (p.layout.size,))
         grads = p.vjp(v)
+        scales = _scales(p, grads, fast=True)
         for i in p.diff:
             g = p.grad_of(grads, i)
+            if i not in checked:
+                continue
             u = _unit(rng, g.shape)
             h = _step(p.args[i], eps, fast=True)
-            num, step, noise = p.directional(i, u, v, h)
-            ana = float(np.vdot(g, step))
-            gnorm = float(np.linalg.norm(g))
-            tol = atol + rtol * (abs(ana) + gnorm / np.sqrt(max(g.size, 1))) + noise
-            err = abs(num - ana)
+            lim = _Limits(atol, rtol, scales[i])
+            vd = _compare(p, i, g, u, v, h, lim)
             s = stats[i]
-            s[0] = max(s[0], err) if np.isfinite(err) else np.inf
-            s[1] = max(s[1], err / gnorm if gnorm > 0 else err) if np.isfinite(err) else np.inf
-            s[2] = max(s[2], tol)
-            if not err <= tol:  # also catches NaN
-                # Point at an element: a full check of this argument with the same v.
-                h_full = _step(p.args[i], eps, fast=False)
-                sample = _followup_size(g.size, y.size, max_elements)
-                _, full_err = _full(p, i, g, v, h_full, atol, rtol, sample, rng)
-                where = (
-                    f"; worst element: {full_err}"
-                    if full_err is not None
-                    else f"; no element of the {sample} sampled "
-                    f"exceeds its tolerance, so the error is spread or outside the sample"
-                )
-                raise GradcheckError(
-                    f"gradient check failed for {p.names[i]}: directional derivative analytic "
-                    f"{ana:.10g}, numerical {num:.10g}, |difference| {err:.3g} > tolerance "
-                    f"{tol:.3g} (fast mode){where}",
-                    arg=p.names[i],
-                    index=None if full_err is None else full_err.index,
-                    analytic=ana if full_err is None else full_err.analytic,
-                    numerical=num if full_err is None else full_err.numerical,
-                    tolerance=tol if full_err is None else full_err.tolerance,
-                )
-    for i in p.diff:
-        reports.append(ArgReport(p.names[i], n_directions, *stats[i]))
-    return GradcheckReport("fast", reports)
+            s[0] = max(s[0], vd.err)
+            s[1] = max(s[1], vd.err / scales[i] if scales[i] > 0 else vd.err)
+            s[2] = max(s[2], vd.tolerance)
+            s[3] = max(s[3], vd.roundoff)
+            if vd.status == "inconclusive":
+                unsure.append(_inconclusive(p.names[i], None, vd, "fast"))
+            elif vd.status == "fail":
+                raise _fast_failure(p, i, g, v, vd, eps, lim, max_elements, rng)
+    if unsure:
+        raise unsure[0]
+    return GradcheckReport("fast", [ArgReport(p.names[i], n_directions if i in checked else 0,
+                                              *stats[i]) for i in p.diff])
+
+
+def _fast_failure(p: _Problem, i: int, g: np.ndarray, v: np.ndarray, vd: _Verdict,
+                  eps: float | None, lim: _Limits, max_elements: int | None,
+                  rng: np.random.Generator) -> GradcheckError:
+    """The error for a failed direction, pointing at an element where a full check of a
+    sample (same v, no extrapolation: it only ranks elements) finds one."""
+    sample = _followup_size(g.size, p.layout.size, max_elements)
+    _, full_err, _ = _full(p, i, g, v, _step(p.args[i], eps, fast=False), lim, sample, rng,
+                           retry=False)
+    how = ", extrapolated from steps h and h/2" if vd.extrapolated else ""
+    where = (f"; worst element: {full_err}" if full_err is not None
+             else f"; no element of the {sample} sampled exceeds its tolerance, so the error is "
+                  f"spread or outside the sample")
+    return GradcheckError(
+        f"gradient check failed for {p.names[i]}: directional derivative analytic "
+        f"{vd.analytic:.10g}, numerical {vd.numerical:.10g}, |difference| {vd.err:.3g} > "
+        f"tolerance {vd.tolerance:.3g} (fast mode{how}){where}",
+        arg=p.names[i],
+        index=None if full_err is None else full_err.index,
+        analytic=vd.analytic if full_err is None else full_err.analytic,
+        numerical=vd.numerical if full_err is None else full_err.numerical,
+        tolerance=vd.tolerance if full_err is None else full_err.tolerance,
+    )

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ._validate import as_float_array, check_eps, check_param
+from ._validate import SIGNIFICAND_BITS, as_float_array, check_eps, check_param
 from .reference import LayerNormCache, layer_norm_backward, layer_norm_forward
 
 __all__ = [
@@ -76,14 +76,12 @@ __all__ = [
     "variance_welford",
 ]
 
-# Bits of the significand, the implicit leading bit included.
-_SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 
 
 def _significand_bits(dtype: DTypeLike) -> int:
     name = np.dtype(dtype).name
     try:
-        return _SIGNIFICAND_BITS[name]
+        return SIGNIFICAND_BITS[name]
     except KeyError:
         raise TypeError(
             f"dtype must be float16, bfloat16, float32 or float64, got {name}"
