@@ -17,7 +17,7 @@ from ._table import render
 from ._validate import available_dtypes, resolve_dtype
 from .gradcheck import GradcheckError, GradcheckInconclusive, check_vjp
 from .reference import layer_norm_backward, layer_norm_forward
-from .tolerances import tolerance
+from .tolerances import compare, tolerance
 
 SHAPES: tuple[tuple[int, ...], ...] = ((8, 64), (4, 16, 128), (2, 3, 5, 33), (6, 1))
 # Fast mode's cost does not grow with size: one large shape shows it (the s column).
@@ -78,15 +78,11 @@ def _dtype_row(shape: tuple[int, ...], dtype_name: str, seed: int) -> CheckRow:
     x64, g64, b64, dy64 = (a.astype(np.float64) for a in (x, gamma, beta, dy))
     y64, cache64 = layer_norm_forward(x64, g64, b64)
     want = (y64, *layer_norm_backward(dy64, cache64))
-    max_abs = max_rel = 0.0
-    passed = True
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        tol = tolerance(dtype_name, "out" if i < 2 else "param")
-        err = np.abs(a.astype(np.float64) - b)
-        passed &= bool(np.all(err <= tol.atol + tol.rtol * np.abs(b)))
-        max_abs = max(max_abs, float(err.max()))
-        # normwise: relative to the largest |reference| value of this output
-        max_rel = max(max_rel, float(err.max() / max(float(np.abs(b).max()), 1e-300)))
+    results = [compare(a, b, dtype_name, "out" if i < 2 else "param")
+               for i, (a, b) in enumerate(zip(got, want, strict=True))]
+    passed = all(results)
+    max_abs = max(c.max_abs_err for c in results)
+    max_rel = max(c.max_rel_err for c in results)  # normwise, per output
     t = tolerance(dtype_name, "out")
     detail = "" if passed else "an element of y, dx, dgamma or dbeta is outside the tolerance"
     return CheckRow(shape, dtype_name, "vs float64 reference", max_abs, max_rel,

@@ -1,9 +1,17 @@
-"""The one table of tolerances: how far a result may be from the float64 reference.
+"""The one table of tolerances, and the one helper that compares against it.
 
 Every comparison in the tests, ``layernorm check`` and the backends' self-checks reads its
 ``atol``/``rtol`` from here, so a tolerance is changed in one place with its reason.
-Comparisons are ``|got - want| <= atol + rtol * |want|`` elementwise, with ``want`` the
-float64 reference on the same (already rounded) inputs.
+Comparisons (:func:`compare`, :func:`assert_close`) are elementwise,
+
+    |got - want| <= atol * scale + rtol * |want| + 2 * (the result dtype's subnormal spacing)
+
+(and where |want| exceeds the dtype's largest value, got may be inf of want's sign)
+
+with ``want`` the float64 reference on the same (already rounded) inputs, or the exact oracle;
+``scale`` is the size of the result (1 for y and dx of unit-scale inputs; max|want| where the
+size follows the inputs, e.g. dx ~ rstd * dy), and the last term is the finest difference the
+result's dtype can show at all (subnormal results round to multiples of it).
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TOLERANCES", "Tolerance", "tolerance"]
+__all__ = ["LARGEST", "SUBNORMAL", "TOLERANCES", "Comparison", "Tolerance", "assert_close",
+           "compare", "tolerance"]
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,86 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
 
 def tolerance(dtype: np.dtype | str, quantity: str = "out") -> Tolerance:
     """The tolerance for results of ``dtype``; ``quantity`` is ``"out"`` or ``"param"``."""
-    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    name = _dtype_name(dtype)
     try:
         return TOLERANCES[(name, quantity)]
     except KeyError:
         raise ValueError(f"no tolerance for dtype {name!r} and quantity {quantity!r}") from None
+
+
+# The spacing of each dtype's subnormal numbers, 2**(emin - p + 1), and its largest value.
+SUBNORMAL = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149,
+             "float64": 2.0**-1074}
+LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
+           "float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The outcome of :func:`compare`: ``ok``, the largest errors, and the element with the
+    largest error relative to its bound."""
+
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float  # normwise: max|got - want| / max|want| (absolute if want is all 0)
+    index: tuple[int, ...] | None
+    got: float
+    want: float
+    bound: float
+    tolerance: Tolerance
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def compare(got: np.ndarray, want: np.ndarray, dtype: np.dtype | str, quantity: str = "out",
+            *, scale: float = 1.0, floor: float = 0.0) -> Comparison:
+    """``got`` against ``want`` under the tolerance for ``dtype`` and ``quantity`` (module
+    docstring), plus ``floor``, an absolute allowance for what the inputs' own resolution
+    explains. Where ``want`` is not finite, ``got`` must be the same inf, or NaN."""
+    tol = tolerance(dtype, quantity)
+    name = _dtype_name(dtype)
+    g = np.asarray(got).astype(np.float64)
+    w = np.asarray(want).astype(np.float64)
+    if g.shape != w.shape:
+        raise ValueError(f"got has shape {g.shape} but want has shape {w.shape}")
+    if g.size == 0:
+        return Comparison(True, 0.0, 0.0, None, 0.0, 0.0, 0.0, tol)
+    fin = np.isfinite(w)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # beyond the dtype's largest value, the right result may round to inf of w's sign
+        over = fin & (np.abs(w) > LARGEST[name]) & (g == np.copysign(np.inf, w))
+        err = np.where(fin, np.abs(g - w), np.where((g == w) | (np.isnan(g) & np.isnan(w)),
+                                                    0.0, np.inf))
+        err = np.where(over, 0.0, err)
+        bound = tol.atol * float(scale) + tol.rtol * np.where(fin, np.abs(w), 0.0) \
+            + 2 * SUBNORMAL[name] + floor
+        err = np.where(np.isnan(err), np.inf, err)
+    k = int(np.argmax(err / bound))
+    idx = tuple(int(i) for i in np.unravel_index(k, w.shape))
+    big = float(np.max(np.abs(w[fin]))) if np.any(fin) else 0.0
+    worst = float(np.max(err))
+    return Comparison(bool(np.all(err <= bound)), worst, worst / big if big > 0 else worst,
+                      idx, float(g.flat[k]), float(w.flat[k]), float(bound.flat[k]), tol)
+
+
+def assert_close(got: np.ndarray | None, want: np.ndarray | None, dtype: np.dtype | str,
+                 quantity: str = "out", *, scale: float = 1.0, floor: float = 0.0,
+                 name: str = "result") -> None:
+    """Raise AssertionError unless :func:`compare` passes (or both are None), naming ``name``,
+    the element, both values and the bound."""
+    if got is None or want is None:
+        assert got is None and want is None, f"{name}: got {got is None and 'None'}, want " \
+            f"{want is None and 'None'} (one is None, the other not)"
+        return
+    c = compare(got, want, dtype, quantity, scale=scale, floor=floor)
+    assert c.ok, (f"{name} [{_dtype_name(dtype)} {quantity}] at {c.index}: got {c.got!r}, want "
+                  f"{c.want!r}, |difference| {abs(c.got - c.want):.3g} > {c.bound:.3g} "
+                  f"(atol {c.tolerance.atol:g} x scale {scale:.3g} + rtol {c.tolerance.rtol:g} "
+                  f"+ floor {floor:.3g}; "
+                  f"{c.tolerance.reason})")
+
+
+def _dtype_name(dtype: np.dtype | str) -> str:
+    """The table's name for ``dtype`` (a dtype or its name)."""
+    return dtype if isinstance(dtype, str) else np.dtype(dtype).name

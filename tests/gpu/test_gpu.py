@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from layernorm import tolerances  # noqa: E402
 from layernorm.gpu import LayerNorm, kernels, layer_norm, ops  # noqa: E402
 from layernorm.reference import layer_norm_backward, layer_norm_forward  # noqa: E402
 from layernorm.tolerances import tolerance  # noqa: E402
@@ -61,9 +62,8 @@ def _reference(x, w, b, dy):
 
 
 def assert_close(got, want, dtype, quantity):
-    tol = tolerance(_name(dtype), quantity)
     got = got if isinstance(got, np.ndarray) else _f64(got)
-    np.testing.assert_allclose(got.reshape(np.shape(want)), want, atol=tol.atol, rtol=tol.rtol)
+    tolerances.assert_close(got.reshape(np.shape(want)), want, _name(dtype), quantity)
 
 
 def assert_matches_reference(x, w, b, dy):
