@@ -184,8 +184,8 @@ class Scales:
     of a few ulps of these terms is rounding, not a bug, even where the result itself cancels
     to nearly zero (dx when g is near span{1, xhat}, y when gamma*xhat is near -beta).
 
-    y's terms are gamma*xhat and beta with |xhat| counted as at least 1: y is a normalized
-    output, so an error small against |gamma| is small even where var << eps makes xhat tiny
+    In y = gamma*xhat + beta and dgamma = sum of dy*xhat, |xhat| counts as at least 1: xhat is
+    normalized, so an error small against 1 is small even where var << eps makes xhat tiny
     (there, float32 centred values below the normal range are known only to the subnormal
     spacing, which rstd multiplies, and GPU kernels may flush them to zero).
     """
@@ -213,6 +213,6 @@ def scales(p: Problem, ex: Exact) -> Scales:
     return Scales(
         y=top(np.abs(gamma) * np.maximum(np.abs(xhat), 1.0) + np.abs(beta)),
         dx=top(dx_terms),
-        dgamma=top(np.abs(dy * xhat).sum(0)),
+        dgamma=top((np.abs(dy) * np.maximum(np.abs(xhat), 1.0)).sum(0)),
         dbeta=top(np.abs(dy).sum(0)),
     )

@@ -21,7 +21,9 @@ except ImportError:  # NumPy < 2
 
 __all__ = [
     "FLOAT_DTYPE_NAMES",
+    "LARGEST",
     "SIGNIFICAND_BITS",
+    "SUBNORMAL",
     "Region",
     "as_float_array",
     "available_dtypes",
@@ -55,8 +57,13 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 
 
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
-# Bits of the significand, the implicit leading bit included.
+# Bits of the significand, the implicit leading bit included; the spacing of the subnormal
+# numbers, 2**(emin - p + 1); the largest finite value.
 SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+SUBNORMAL = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149,
+             "float64": 2.0**-1074}
+LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
+           "float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
 
 
 def is_float_dtype(dtype: np.dtype) -> bool:

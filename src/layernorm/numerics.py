@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ._validate import SIGNIFICAND_BITS, as_float_array, check_eps, check_param
+from ._validate import SIGNIFICAND_BITS, SUBNORMAL, as_float_array, check_eps, check_param
 from .reference import LayerNormCache, layer_norm_backward, layer_norm_forward
 
 __all__ = [
@@ -94,11 +94,13 @@ def unit_roundoff(dtype: DTypeLike) -> float:
 
 
 def ulp(value: float, dtype: DTypeLike) -> float:
-    """The spacing of ``dtype``'s floats at |value| (normal range), e.g. 2**-23 at 1 in float32."""
+    """The spacing of ``dtype``'s floats at |value|, e.g. 2**-23 at 1 in float32 (the subnormal
+    spacing below the normal range)."""
     value = abs(float(value))
     if value == 0.0 or not math.isfinite(value):
         raise ValueError(f"value must be finite and nonzero, got {value!r}")
-    return math.ldexp(1.0, math.frexp(value)[1] - _significand_bits(dtype))
+    spacing = math.ldexp(1.0, math.frexp(value)[1] - _significand_bits(dtype))
+    return max(spacing, SUBNORMAL[np.dtype(dtype).name])  # below the normal range: constant
 
 
 def relative_error(got: np.ndarray, exact: np.ndarray) -> float:

@@ -9,8 +9,9 @@ arithmetic) unless the oracle column says otherwise:
    the library's y = xhat (no gamma, beta) for an input of that dtype. Offset sweep
    x = offset + N(0, 1) for offsets 1e0 ... 1e14, tiny and zero variance, dynamic range,
    float16 extremes, long rows (D = 1e5).
-2. The library (layer_norm_forward/backward) on the issue's targets, zero-variance rows,
-   values whose squares overflow float32, long rows and many rows (M = 1e6, where the oracle
+2. The library's backends (the NumPy reference and, with numba, the fused CPU kernels) on
+   the targets: large offsets, zero-variance rows, values whose squares or sums overflow,
+   values near the top of float64's range, long rows and many rows (M = 1e6, where the oracle
    is the float64 reference with math.fsum), with the target and pass/FAIL.
 3. The backward's cancellation: dy chosen so that g = dy*gamma is close to span{1, xhat};
    the error of dx against kappa = max|g|*rstd/max|dx| for each way to compute it.
@@ -183,6 +184,19 @@ def algorithm_table(sz: Sizes, rng: np.random.Generator, eps: float = 1e-5
 # --- table 2: the library against the targets ---------------------------------------------
 
 _REF_COLS = ("y", "dx", "dgamma", "dbeta", "y ulps", "dx ulps")
+FUSED = "fused CPU"
+
+Backend = tuple[str, Callable, Callable]  # name, forward, backward
+
+
+def _backends() -> list[Backend]:
+    """The reference, and the fused CPU kernels where numba is installed."""
+    found: list[Backend] = [("reference", layer_norm_forward, layer_norm_backward)]
+    try:
+        from . import cpu
+    except ImportError:
+        return found
+    return [*found, (FUSED, cpu.layer_norm_forward, cpu.layer_norm_backward)]
 
 
 @dataclass(frozen=True)
@@ -232,7 +246,29 @@ def _ref_cases(sz: Sizes, rng: np.random.Generator) -> list[RefCase]:
     return cases
 
 
-def _ref_row(case: RefCase, rng: np.random.Generator) -> tuple[list[str], list[str]]:
+def _float64_cases(sz: Sizes, rng: np.random.Generator) -> list[RefCase]:
+    """float64 where a kernel can lose what the reference keeps: the mean's correction below an
+    ulp of a large mean, and rows whose sums or centred values overflow."""
+    m, d = sz.rows, sz.d
+    f64 = {"y": 1e-13, "dx": 1e-13}
+    top = np.tile([1.7e308, -1.7e308, 1.0e308, -0.5e308], (m, 1))
+    return [
+        RefCase("1e8 + N(0, 1)", "float64", 1e8 + rng.standard_normal((m, d)), targets=f64),
+        RefCase("1e8 + N(0, 0.01)", "float64", 1e8 + 0.01 * rng.standard_normal((m, d)),
+                targets=f64),
+        RefCase("3 + N(0, 0.01)", "float64", 3 + 0.01 * rng.standard_normal((m, d)),
+                targets=f64),
+        RefCase(f"±U(0, 9e307), D = {sz.long_d:.0e}: sums overflow", "float64",
+                rng.choice([-9e307, 9e307], (2, sz.long_d)) * rng.random((2, sz.long_d)),
+                targets=f64),
+        RefCase("[1.7e308, -1.7e308, 1e308, -0.5e308]: x - mean overflows", "float64", top,
+                targets=f64),
+    ]
+
+
+def _ref_rows(case: RefCase, rng: np.random.Generator, backends: list[Backend]
+              ) -> list[tuple[list[str], list[str]]]:
+    """One row per backend for ``case``, all on the same drawn inputs."""
     dt = resolve_dtype(case.dtype)
     m, d = case.x.shape
     x = case.x.astype(dt)
@@ -240,62 +276,78 @@ def _ref_row(case: RefCase, rng: np.random.Generator) -> tuple[list[str], list[s
     beta = rng.standard_normal(d).astype(dt)
     dy = rng.standard_normal((m, d)).astype(dt)
     order = np.asfortranarray if case.fortran else np.ascontiguousarray
-    y, cache = layer_norm_forward(order(x), gamma, beta, case.eps)
-    dx, dgamma, dbeta = layer_norm_backward(order(dy), cache)
     ex = exact_layer_norm(x, gamma, beta, case.eps, dy)
-    got = {
-        "y": relative_error(y, ex.y),
-        "dx": relative_error(dx, ex.dx),
-        "dgamma": relative_error(dgamma, ex.dgamma),
-        "dbeta": relative_error(dbeta, ex.dbeta),
-        "y ulps": ulp_error(y, ex.y, dt),
-        "dx ulps": ulp_error(dx, ex.dx, dt),
-    }
-    return _verdict(case.name, case.dtype, got, case.targets, EXACT)
+    rows = []
+    for name, forward, backward in backends:
+        y, cache = forward(order(x), gamma, beta, case.eps)
+        dx, dgamma, dbeta = backward(order(dy), cache)
+        got = {
+            "y": relative_error(y, ex.y),
+            "dx": relative_error(dx, ex.dx),
+            "dgamma": relative_error(dgamma, ex.dgamma),
+            "dbeta": relative_error(dbeta, ex.dbeta),
+            "y ulps": ulp_error(y, ex.y, dt),
+            "dx ulps": ulp_error(dx, ex.dx, dt),
+        }
+        rows.append(_verdict(case.name, case.dtype, name, got, case.targets, EXACT))
+    return rows
 
 
-def _verdict(name: str, dtype: str, got: dict[str, float], targets: dict[str, float],
-             oracle: str) -> tuple[list[str], list[str]]:
-    failed = [f"{name} [{dtype}] {k}: {got[k]:.2e} > {bound:.0e}"
+def _verdict(name: str, dtype: str, backend: str, got: dict[str, float],
+             targets: dict[str, float], oracle: str) -> tuple[list[str], list[str]]:
+    failed = [f"{name} [{dtype}, {backend}] {k}: {got[k]:.2e} > {bound:.0e}"
               for k, bound in targets.items() if not got[k] <= bound]
     target = ", ".join(f"{k} <= {v:g}" for k, v in targets.items())
     result = ("FAIL" if failed else "pass") if targets else ""
     cells = [_fmt(got[c]) if c in got else "—" for c in _REF_COLS]
-    return [name, dtype, *cells, target, result, oracle], failed
+    return [name, dtype, backend, *cells, target, result, oracle], failed
 
 
-def _many_rows(sz: Sizes, rng: np.random.Generator) -> list[tuple[list[str], list[str]]]:
-    """dgamma and dbeta over many rows of D = 8 in float32: the library and a float32 sum."""
+def _many_rows(sz: Sizes, rng: np.random.Generator, backends: list[Backend]
+               ) -> list[tuple[list[str], list[str]]]:
+    """dgamma and dbeta over many rows of D = 8 in float32: each backend and a float32 sum."""
     m, d = sz.many_rows, 8
     x = (3 + rng.standard_normal((m, d))).astype(np.float32)
     dy = (0.1 + rng.standard_normal((m, d))).astype(np.float32)
     gamma = np.ones(d, np.float32)
     beta = np.zeros(d, np.float32)
-    y, cache = layer_norm_forward(x, gamma, beta)
-    _, dgamma, dbeta = layer_norm_backward(dy, cache)
     want_g, want_b = float64_param_grads(x, dy)
     oracle = "float64 + fsum"
     name = f"many rows: M = {m:.0e}, D = 8"
-    lib = {"dgamma": relative_error(dgamma, want_g), "dbeta": relative_error(dbeta, want_b)}
-    plain = {"dgamma": relative_error((dy * cache.xhat).sum(axis=0), want_g),
+    rows = []
+    for backend, forward, backward in backends:
+        _, dgamma, dbeta = backward(dy, forward(x, gamma, beta)[1])
+        lib = {"dgamma": relative_error(dgamma, want_g), "dbeta": relative_error(dbeta, want_b)}
+        rows.append(_verdict(name, "float32", backend, lib, {"dgamma": 1e-6, "dbeta": 1e-6},
+                             oracle))
+    xhat = layer_norm_forward(x, gamma, beta)[1].xhat  # (M, D) float32
+    plain = {"dgamma": relative_error((dy * xhat).sum(axis=0), want_g),
              "dbeta": relative_error(dy.sum(axis=0), want_b)}
-    return [
-        _verdict(name, "float32", lib, {"dgamma": 1e-6, "dbeta": 1e-6}, oracle),
-        _verdict(name + ", float32 column sums (not the library)", "float32", plain, {}, oracle),
-    ]
+    rows.append(_verdict(name + ", float32 column sums (not the library)", "float32", "—",
+                         plain, {}, oracle))
+    return rows
 
 
-def reference_table(sz: Sizes, rng: np.random.Generator) -> tuple[Table, list[str]]:
+def reference_table(sz: Sizes, rng: np.random.Generator, seed: int = 0
+                    ) -> tuple[Table, list[str]]:
     """Table 2 and the failed targets."""
+    backends = _backends()
     table = Table(
         "The library against the targets (gamma = 1 + N(0, 0.25), beta, dy ~ N(0, 1))",
-        ["case", "dtype", *_REF_COLS, "target", "result", "oracle"],
+        ["case", "dtype", "backend", *_REF_COLS, "target", "result", "oracle"],
         note=("y, dx, dgamma, dbeta: normwise relative errors; ulps: of the output dtype at "
-              "max|exact|, 0.5 meaning correctly rounded."),
+              "max|exact|, 0.5 meaning correctly rounded. Each backend runs on the same "
+              f"inputs; '{FUSED}' is layernorm.cpu (numba), whose sums are vectorised in an "
+              "order fixed per CPU, so its last digits may differ on another machine."),
     )
     failed: list[str] = []
-    rows = [_ref_row(case, rng) for case in _ref_cases(sz, rng)] + _many_rows(sz, rng)
-    for cells, bad in rows:
+    rows = [row for case in _ref_cases(sz, rng) for row in _ref_rows(case, rng, backends)]
+    many = _many_rows(sz, rng, backends)
+    # The float64 cases draw from a stream of their own: the other rows do not depend on them.
+    extra = np.random.default_rng([seed, 2])
+    f64 = [row for case in _float64_cases(sz, extra) for row in _ref_rows(case, extra, backends)]
+    first = len(backends)  # the rows of the first float64 case, then the other float64 cases
+    for cells, bad in rows[:first] + f64 + rows[first:] + many:
         table.rows.append(cells)
         failed += bad
     return table, failed
@@ -372,7 +424,7 @@ def run_suite(quick: bool = False, seed: int = 0, timing: bool = True) -> Result
     sz = QUICK if quick else FULL
     rng = np.random.default_rng(seed)
     algorithms, sweep = algorithm_table(sz, rng)
-    ref, failed = reference_table(sz, rng)
+    ref, failed = reference_table(sz, rng, seed)
     tables = [algorithms, ref, cancellation_table(sz, rng)]
     if timing:
         tables.append(timing_table(sz, rng))

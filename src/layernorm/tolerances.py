@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LARGEST", "SUBNORMAL", "TOLERANCES", "Comparison", "Tolerance", "assert_close",
-           "compare", "tolerance"]
+from ._validate import LARGEST, SUBNORMAL
+
+__all__ = ["TOLERANCES", "Comparison", "Tolerance", "assert_close", "compare", "tolerance"]
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,6 @@ def tolerance(dtype: np.dtype | str, quantity: str = "out") -> Tolerance:
         raise ValueError(f"no tolerance for dtype {name!r} and quantity {quantity!r}") from None
 
 
-# The spacing of each dtype's subnormal numbers, 2**(emin - p + 1), and its largest value.
-SUBNORMAL = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149,
-             "float64": 2.0**-1074}
-LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
-           "float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
 
 
 @dataclass(frozen=True)

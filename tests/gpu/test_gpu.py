@@ -380,3 +380,16 @@ def test_cpu_tensor_needs_the_interpreter(monkeypatch):
     monkeypatch.setattr(kernels, "INTERPRET", False)
     with pytest.raises(ValueError, match="x must be on a CUDA device"):
         layer_norm(torch.randn(2, 8), (8,))
+
+
+def test_changing_weight_in_place_before_backward_is_refused():
+    """Protects the one rule for gamma on the PyTorch side: the op saves weight for autograd,
+    so changing it in place between forward and backward (an optimizer step) raises instead
+    of giving the gradient of a function that never ran."""
+    x, w, b, dy = _inputs(4, 32, torch.float32)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = layer_norm(xg, (32,), wg, b)
+    with torch.no_grad():
+        wg.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(dy)
