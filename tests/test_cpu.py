@@ -309,6 +309,12 @@ def test_cache_keeps_x_by_reference_and_counts_its_own_bytes():
     xh = x.astype(np.float16)
     _, cache = cpu.layer_norm_forward(xh)
     assert cache.owns_x and cache.nbytes == cpu.NSTATS * 10 * 8 + 30 * 4 + 10 * 30 * 4
+    x[3] *= np.float32(1e37)  # a scaled row: mean and rstd are reported unscaled
+    _, cache = cpu.layer_norm_forward(x)
+    _, want = reference.layer_norm_forward(x.astype(np.float64))
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(cache.mean, x64.mean(axis=1), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(cache.rstd, want.rstd, rtol=1e-6, atol=0)
 
 
 def test_layernorm_module_reuses_its_buffers():
@@ -459,3 +465,38 @@ def test_backward_differentiates_the_forward_that_ran(backend, dtype):
     _, cache = mod.layer_norm_forward(x, g64, b)
     g64 *= 2.0  # an optimizer step between forward and backward
     assert _bits(mod.layer_norm_backward(dy, cache)) == _bits(want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_out_never_overlaps_an_array_like_callers_memory(dtype):
+    """Protects array-likes (a memoryview, a torch CPU tensor) from out=: their memory is only
+    visible through np.asarray, and an out aliasing x was accepted, x overwritten by y and dx
+    then computed from y."""
+    x, g, b, dy = _inputs((4, 16), dtype)
+    likes = [("memoryview", lambda a: memoryview(a), lambda like: np.asarray(like))]
+    torch = pytest.importorskip("torch")
+    likes.append(("torch", torch.from_numpy, lambda like: like.numpy()))
+    for _, wrap, unwrap in likes:
+        xl, dyl = wrap(x.copy()), wrap(dy.copy())
+        with pytest.raises(ValueError, match="must not overlap"):
+            cpu.layer_norm_forward(xl, g, b, out=unwrap(xl))
+        _, cache = cpu.layer_norm_forward(xl, g, b)
+        for victim in (xl, dyl):
+            with pytest.raises(ValueError, match="must not overlap"):
+                cpu.layer_norm_backward(dyl, cache, out=unwrap(victim))
+        assert _bits((unwrap(xl), unwrap(dyl))) == _bits((x, dy))
+
+
+def test_float64_dy_near_the_top_of_the_range():
+    """Protects the backward's fallback for float64: dy = ±1e307, whose blocked sums overflow
+    (the reference's pairwise sums happen not to), gave NaN dx; the fallback now sums a
+    power-of-two scaling of dy. The exact dx reaches 1.5e307."""
+    from layernorm.numerics import exact_layer_norm, relative_error
+
+    x = np.random.default_rng(1).standard_normal((1, 64))
+    dy = np.full((1, 64), 1e307)
+    dy[0, ::2] = -1e307
+    dy[0, :8] = 1e307
+    ex = exact_layer_norm(x, dy=dy)
+    dx = cpu.layer_norm_backward(dy, cpu.layer_norm_forward(x)[1])[0]
+    assert relative_error(dx, ex.dx) <= 8 * 2.0**-53

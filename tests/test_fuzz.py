@@ -160,7 +160,7 @@ def test_check_vjp_never_passes_a_wrong_gradient(data):
     """Protects check_vjp's verdicts on drawn functions, points (|a| up to 1e3, offsets) and
     constant shifts of the output (up to 1e12): a gradient changed by at least 1% (normwise) in
     one argument never passes (it fails, or the check says it cannot judge), and the right
-    gradient never fails."""
+    gradient never fails, and passes where nothing hides its derivative."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     shape = (data.draw(st.integers(1, 4), label="M"), data.draw(st.integers(1, 12), label="D"))
     name = data.draw(st.sampled_from(sorted(_functions(rng, shape))), label="function")
@@ -168,17 +168,20 @@ def test_check_vjp_never_passes_a_wrong_gradient(data):
     spread = 10.0 ** data.draw(st.floats(-1, 3), label="log10 spread")
     offset = data.draw(st.sampled_from([0.0, 10.0, 1e3]), label="offset")
     args = tuple(offset + spread * rng.standard_normal(s) for s in arg_shapes)
-    shift = data.draw(st.sampled_from([0.0, 1e4, 1e8, 1e12]), label="output shift")
+    shift = data.draw(st.sampled_from([0.0, 1e4, 3e5, 1e8, 1e12]), label="output shift")
     mode = data.draw(st.sampled_from(["fast", "full"]), label="mode")
 
     def shifted(*a):
         out = f(*a)
         return tuple(o + shift for o in out) if isinstance(out, tuple) else out + shift
 
-    try:
+    if shift == 0 and offset == 0 and spread <= 10:  # nothing to hide the derivative: a verdict
         ln.check_vjp(shifted, vjp, args, mode=mode)
-    except ln.GradcheckInconclusive:
-        pass  # no verdict is allowed; a failure of the right gradient is not
+    else:
+        try:
+            ln.check_vjp(shifted, vjp, args, mode=mode)
+        except ln.GradcheckInconclusive:
+            pass  # no verdict is allowed here; a failure of the right gradient is not
 
     victim = data.draw(st.integers(0, len(args) - 1), label="wrong argument")
     bug = data.draw(st.sampled_from(["zero", "scaled", "one element"]), label="bug")

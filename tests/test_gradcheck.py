@@ -404,3 +404,45 @@ def test_tuple_outputs_of_different_shapes(mode):
     ln.check_vjp(add_norm, add_norm_vjp, (x, r), mode=mode)
     with pytest.raises(ln.GradcheckError):
         ln.check_vjp(add_norm, lambda x, r, d: add_norm_vjp(x, r, d, True), (x, r), mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_a_step_that_rounds_away_never_passes(mode):
+    """Protects large arguments: where a ± h·u rounds to a, both sides were exactly 0 and any
+    gradient passed (x = 1e12 + 1e-3·N(0, 1) with dx = -3 times the right one; a - 1e12 with
+    gradient 2). Now the step is widened, and what it still cannot judge is inconclusive."""
+    rng = np.random.default_rng(9)
+    x = 1e12 + 1e-3 * rng.standard_normal((4, 16))
+    args = (x, rng.standard_normal(16), rng.standard_normal(16))
+
+    def tripled(x, gamma, beta, dy):
+        dx, dg, db = vjp(x, gamma, beta, dy)
+        return -3 * dx, dg, db
+
+    with pytest.raises((ln.GradcheckError, ln.GradcheckInconclusive)) as info:
+        ln.check_vjp(f, tripled, args, mode=mode, names=NAMES)
+    assert info.value.arg == "x"
+    with pytest.raises(ln.GradcheckError):
+        ln.check_vjp(lambda a: a - 1e12, lambda a, v: (2 * v,), (np.full(3, 1e12),), mode=mode)
+    with pytest.raises(ln.GradcheckInconclusive, match="rounds away"):
+        ln.check_vjp(lambda a: a - 1e15, lambda a, v: (v,), (np.full(3, 1e18),), mode=mode)
+
+
+def test_a_small_constant_part_cannot_hide_a_one_percent_error():
+    """Protects fast mode's power beside round-off: sin(a) + 3e5 with a gradient 1% off passed
+    (seed 293) when the round-off allowance could reach 1e-3 of the typical size and both random
+    directions happened to see a small derivative."""
+    a = np.random.default_rng(293).standard_normal((4, 12))
+    with pytest.raises((ln.GradcheckError, ln.GradcheckInconclusive)):
+        ln.check_vjp(lambda a: np.sin(a) + 3e5, lambda a, v: (1.01 * np.cos(a) * v,), (a,),
+                     mode="fast", seed=293)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt")
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_a_step_outside_the_domain_is_inconclusive(mode):
+    """Protects the verdict at a domain's edge: sqrt at 1e-6, where a - h < 0 gives NaN, cannot
+    be judged there; that is not the gradient's fault."""
+    a = np.array([1e-6, 1.0, 4.0])
+    with pytest.raises(ln.GradcheckInconclusive, match="not finite"):
+        ln.check_vjp(np.sqrt, lambda a, v: (0.5 / np.sqrt(a) * v,), (a,), mode=mode)

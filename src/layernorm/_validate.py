@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -188,12 +189,20 @@ def check_param(p: object, name: str, d: int) -> np.ndarray | None:
 
 @dataclass(frozen=True)
 class Region:
-    """Where a caller's array lives, without keeping it alive: its byte span, and a weak
-    reference to the array that owns the memory (the span means nothing once that is gone)."""
+    """Where a caller's array lives: its byte span, and ``alive()``, whether that memory is
+    still the caller's (the span means nothing once its owner is gone).
 
-    owner: weakref.ref
+    Memory NumPy owns is followed with a weak reference to the owning array, so a Region keeps
+    nothing alive. Foreign memory (a torch tensor's, a buffer's, seen through ``np.asarray``)
+    gives no such handle, so its view is kept alive instead.
+    """
+
+    owner: Callable[[], object]
     start: int
     stop: int
+
+    def alive(self) -> bool:
+        return self.owner() is not None
 
 
 def region(a: object) -> Region | None:
@@ -204,7 +213,9 @@ def region(a: object) -> Region | None:
     while isinstance(owner.base, np.ndarray):
         owner = owner.base
     start, stop = byte_bounds(a)
-    return Region(weakref.ref(owner), start, stop)
+    if owner.base is None:  # NumPy's own memory
+        return Region(weakref.ref(owner), start, stop)
+    return Region(lambda: a, start, stop)
 
 
 def overlaps(a: np.ndarray, others: tuple[object, ...]) -> bool:
@@ -216,7 +227,7 @@ def overlaps(a: np.ndarray, others: tuple[object, ...]) -> bool:
     start, stop = byte_bounds(a) if a.size else (0, 0)
     for o in others:
         if isinstance(o, Region):
-            if o.owner() is not None and start < o.stop and o.start < stop:
+            if o.alive() and start < o.stop and o.start < stop:
                 return True
         elif isinstance(o, np.ndarray) and np.may_share_memory(a, o):
             return True

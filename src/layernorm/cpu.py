@@ -432,22 +432,30 @@ def _forward_kernel(x, gamma, beta, eps, y, stats):
 def _backward_row_f64(xr, dyr, gamma, st, dxr, pg, pb):
     """Row dx and its dgamma/dbeta terms in float64, on x * SCALE (all (D,); st: (NSTATS,)).
 
-    For scaled rows, and for rows whose T sums of the backward overflow.
+    For scaled rows, and for rows whose T sums of the backward overflow (dy near the top of
+    the range: the sums here run on a power-of-two scaling of dy).
     """
     D = xr.shape[0]
     hi, lo, r, scale = st[HI], st[LO], st[RSTD], st[SCALE]
     xs = _scaled_row(xr, scale)  # (D,) float64
-    dys = _scaled_row(dyr, 1.0)
     gs = _scaled_row(gamma, 1.0)
+    # dx is linear in dy: dy is scaled by 2**-k so that max|dy * gamma| < 1 and no sum of the
+    # row overflows (float64 dy near its top would), and dx by 2**k (and SCALE) at the end
+    umax = 0.0
+    for j in range(D):
+        umax = max(umax, abs(np.float64(dyr[j]) * gs[j]))
+    k = max(0, math.frexp(umax)[1]) if np.isfinite(umax) else 0
+    dys = _scaled_row(dyr, math.ldexp(1.0, -k))
     su, sut = _sum_grad(xs, dys, gs, hi)
     mg = su / D
     mgx = r * (sut - lo * su) / D
+    shift = k + math.frexp(scale)[1] - 1  # scale = 2**(frexp exponent - 1)
     for j in range(D):
         xhat = ((xs[j] - hi) - lo) * r
-        # scale last: r * SCALE may be subnormal, r * bracket is not
-        dxr[j] = (r * ((dys[j] * gs[j] - mg) - xhat * mgx)) * scale
-        pg[j] += dys[j] * xhat
-        pb[j] += dys[j]
+        # the powers of two last, in one exact step: r * SCALE may be subnormal, 2**k overflow
+        dxr[j] = math.ldexp(r * ((dys[j] * gs[j] - mg) - xhat * mgx), shift)
+        pg[j] += dyr[j] * xhat
+        pb[j] += dyr[j]
 
 
 @njit(cache=True)
@@ -645,8 +653,11 @@ def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarra
     beta = check_param(beta, "beta", d)
     cdt = compute_dtype(x.dtype)
     eps = check_eps(eps, cdt)
+    # the caller's objects, and the arrays made of them (an array-like's memory is only
+    # visible through its array)
+    callers = (*given, x, gamma, beta)
     if out is not None:
-        out = check_out(out, x.shape, x.dtype, "out", given, _OVERLAP)
+        out = check_out(out, x.shape, x.dtype, "out", callers, _OVERLAP)
     xc, owns_x = _as_compute(x, cdt)
     x2 = xc.reshape(-1, d)  # (M, D)
     m = x2.shape[0]
@@ -664,7 +675,7 @@ def _forward(x: object, gamma: object, beta: object, eps: object, out: np.ndarra
         gamma_dtype=None if gamma is None else gamma.dtype,
         beta_dtype=None if beta is None else beta.dtype,
         x_shape=x.shape, x_dtype=x.dtype, owns_x=owns_x,
-        inputs=tuple(r for r in map(region, given) if r is not None),
+        inputs=tuple(r for r in map(region, callers) if r is not None),
     )
     return y, cache
 
@@ -704,7 +715,7 @@ def _backward(dy: object, cache: object, out: np.ndarray | None,
     dy = check_dy(dy, cache, CpuLayerNormCache, "layernorm.cpu.layer_norm_forward")
     if out is not None:
         out = check_out(out, cache.x_shape, cache.x_dtype, "out",
-                        (given, cache.x, cache.gamma_c, *cache.inputs), _OVERLAP)
+                        (given, dy, cache.x, cache.gamma_c, *cache.inputs), _OVERLAP)
     x2 = cache.x  # (M, D)
     m, d = x2.shape
     dy2 = _as_compute(dy, x2.dtype)[0].reshape(m, d)  # (M, D)

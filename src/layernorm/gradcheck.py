@@ -21,23 +21,27 @@ Tolerance: atol + rtol·(|analytic| + scale) + round-off. scale is the typical s
 derivative: ‖vᵀJ‖/√n in fast mode (the size of (vᵀJ)·u for a random unit u over n elements,
 so the test's power does not fade as n grows), max|vᵀJ| in full mode. round-off =
 2ε·Σ|v|·(|f(a₊)| + |f(a₋)|)/2h, ε the output dtype's machine epsilon, bounds what the
-rounding of f's outputs does to the difference. Any non-finite value fails.
+rounding of f's outputs does to the difference. A non-finite analytic value fails.
 
 Truncation. A comparison that fails at step h is repeated at h/2 and judged on the
 Richardson extrapolation of the two (error O(h⁴) instead of O(h²)), so a function curved on
 the scale of the step (sin(a) with |a| ~ 1e3) does not fail a right gradient. It fails only
-if the extrapolated difference exceeds its tolerance plus the change between the two steps;
-otherwise the differences cannot tell and the check says so.
+if the extrapolated difference exceeds its tolerance plus the change between the two steps.
+Where rounding against a large |a| bent the steps off u, there is no extrapolation: it fails
+only if the difference at h/2 is out of tolerance and about the same at h (a wrong gradient
+does not depend on the step; truncation does).
 
 Never a silent pass. A passing comparison must also have a round-off allowance within atol
-or RESOLUTION (1e-3) of the derivative's size; where it has not (f's output has a large
+or RESOLUTION (1e-5) of the derivative's size (the largest of |analytic|, |numerical| and the
+argument's scale over the step taken): in fast mode a gradient wrong by a relative δ then
+passes only where both random directions see less than RESOLUTION/δ of its typical size (for
+δ = 1%, a chance of about 6e-7). Where the allowance is larger (f's output has a large
 constant part, e.g. y + 1e10, whose rounding hides the derivative; or the derivative is zero
-and f's output is not), the comparison is repeated with a step WIDEN (64) times longer, which
-divides the round-off by 64. Where the check still cannot judge, it raises
-:class:`GradcheckInconclusive` instead of passing; also where the differences at h and h/2
-disagree by more than they differ from the analytic value (f is not smooth on the scale of the
-step). The derivative's size is the
-largest of |analytic|, |numerical| and the argument's scale.
+and f's output is not), or where a ± h·u rounds to a for more than half the step (|a| large
+against h), the comparison is repeated with a step WIDEN (64) times longer. Where the check
+still cannot judge, it raises :class:`GradcheckInconclusive` instead of passing; also where
+the differences at h and h/2 disagree by more than they differ from the analytic value (f is
+not smooth on the scale of the step), and where f is not finite at a ± h.
 
 Step: h = 6e-6·max(1, std(a)) (ε^(1/3) balances truncation against round-off, scaled by
 the spread of a, not its size: x = 1e4 + N(0, 1) needs a step against 1, not 1e4). Fast
@@ -55,7 +59,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -72,7 +76,7 @@ __all__ = [
 ]
 
 # The largest share of the derivative's size that f's round-off may hide in a passing check.
-RESOLUTION = 1e-3
+RESOLUTION = 1e-5
 # Where round-off hides the derivative, the comparison is repeated with a step this much longer.
 WIDEN = 64.0
 
@@ -294,7 +298,9 @@ def _step(a: np.ndarray, eps: float | None, fast: bool) -> float:
 
 @dataclass(frozen=True)
 class _Verdict:
-    """One comparison: ``status`` is "pass", "fail" or "inconclusive"."""
+    """One comparison: ``status`` is "pass", "fail" or "inconclusive"; ``why`` says what made
+    it inconclusive: "roundoff", "rough" (steps h and h/2 disagree), "step" (the step rounds
+    away against |a|) or "domain" (f is not finite at a ± h)."""
 
     status: str
     analytic: float
@@ -302,10 +308,10 @@ class _Verdict:
     tolerance: float
     roundoff: float
     step: float
-    hidden: float = 0.0  # what made it inconclusive
-    size: float = 0.0  # the derivative's size it was compared with
     extrapolated: bool = False
-    rough: bool = False  # inconclusive because the steps h and h/2 disagree
+    why: str = ""
+    hidden: float = 0.0  # with why: the error the differences cannot see
+    size: float = 0.0  # with why: the derivative's size it was compared with
 
     @property
     def err(self) -> float:
@@ -317,34 +323,44 @@ class _Verdict:
 class _Limits:
     atol: float
     rtol: float
-    scale: float  # this argument's typical derivative size
+    scale: float  # this argument's typical derivative size for a unit step
 
-    def size(self, ana: float, num: float) -> float:
-        return max(abs(ana), abs(num) if np.isfinite(num) else 0.0, self.scale)
-
-    def judge(self, ana: float, num: float, tol: float, noise: float, h: float,
-              extrapolated: bool, change: float = 0.0) -> _Verdict:
-        size = self.size(ana, num)
+    def judge(self, ana: float, num: float, tol: float, noise: float, h: float, moved: float,
+              extrapolated: bool = False, change: float = 0.0) -> _Verdict:
+        """The verdict on analytic ``ana`` against numerical ``num`` at step h, of which the
+        fraction ``moved`` survived rounding; ``change``: between steps h and h/2."""
+        common = {"analytic": ana, "numerical": num, "roundoff": noise, "step": h,
+                  "extrapolated": extrapolated}
+        # what a wrong gradient would show here: both values, and the typical size over the
+        # step actually taken
+        size = max(abs(ana), abs(num) if np.isfinite(num) else 0.0, self.scale * moved)
+        if not np.isfinite(ana):
+            return _Verdict("fail", tolerance=tol, **common)
+        if not np.isfinite(num):
+            return _Verdict("inconclusive", tolerance=tol, why="domain", **common)
+        if moved < 0.5:  # a ± h·u rounds (nearly) to a: both sides are (nearly) zero
+            return _Verdict("inconclusive", tolerance=tol, why="step", hidden=1 - moved,
+                            size=size, **common)
         err = abs(num - ana)
-        if not err <= tol:  # also catches NaN
-            if extrapolated and np.isfinite(err) and err <= tol + change:
-                return _Verdict("inconclusive", ana, num, tol + change, noise, h, change, size,
-                                extrapolated=True, rough=True)
-            return _Verdict("fail", ana, num, tol + change, noise, h, extrapolated=extrapolated)
+        if err > tol:
+            if extrapolated and err <= tol + change:
+                return _Verdict("inconclusive", tolerance=tol + change, why="rough",
+                                hidden=change, size=size, **common)
+            return _Verdict("fail", tolerance=tol + change, **common)
         if noise > max(RESOLUTION * size, self.atol):
-            return _Verdict("inconclusive", ana, num, tol, noise, h, noise, size, extrapolated)
-        return _Verdict("pass", ana, num, tol, noise, h, extrapolated=extrapolated)
+            return _Verdict("inconclusive", tolerance=tol, why="roundoff", hidden=noise,
+                            size=size, **common)
+        return _Verdict("pass", tolerance=tol, **common)
 
 
 def _compare(p: _Problem, i: int, g: np.ndarray, u: np.ndarray, v: np.ndarray, h: float,
              lim: _Limits, retry: bool = True) -> _Verdict:
     """Compare (vᵀJ)·u with central differences at h (module docstring); where round-off
-    hides the derivative, again at WIDEN·h."""
+    hides the derivative, or the step rounds away, again at WIDEN·h."""
     vd = _compare_at(p, i, g, u, v, h, lim, retry)
-    if retry and vd.status == "inconclusive" and not vd.extrapolated:
+    if retry and vd.why in ("roundoff", "step"):
         wide = _compare_at(p, i, g, u, v, WIDEN * h, lim, retry)
-        # a step that leaves f's domain (non-finite values) decides nothing
-        if wide.status != "fail" or np.isfinite(wide.err):
+        if wide.why != "domain":  # a step that leaves f's domain decides nothing
             return wide
     return vd
 
@@ -354,19 +370,33 @@ def _compare_at(p: _Problem, i: int, g: np.ndarray, u: np.ndarray, v: np.ndarray
     """Compare (vᵀJ)·u with central differences at h; on failure, extrapolate from h and h/2."""
     num, step, noise = p.difference(i, u, v, h)
     ana = float(np.vdot(g, step))
+    unit = float(np.linalg.norm(u))
+    moved = float(np.linalg.norm(step)) / unit
     tol = lim.atol + lim.rtol * (abs(ana) + lim.scale) + noise
-    first = lim.judge(ana, num, tol, noise, h, extrapolated=False)
-    if first.status != "fail" or not retry or not np.isfinite(num - ana):
+    first = lim.judge(ana, num, tol, noise, h, moved)
+    if first.status != "fail" or not retry or not np.isfinite(ana):
         return first
     num2, step2, noise2 = p.difference(i, u, v, h / 2)
     ana2 = float(np.vdot(g, step2))
-    # Residuals r = num - ana at h and h/2: r(h) = e + c h² + ..., Richardson removes c h².
+    moved2 = float(np.linalg.norm(step2)) / unit
+    # Residuals r = num - ana at h and h/2: r(h) = e + c h² + ..., Richardson removes c h²,
+    # provided both steps were taken along u (rounding against a large |a| may bend them).
     r1, r2 = num - ana, num2 - ana2
-    resid = (4 * r2 - r1) / 3
-    noise_r = (4 * noise2 + noise) / 3
-    tol_r = lim.atol + lim.rtol * (abs(ana2) + lim.scale) + noise_r
-    return lim.judge(ana2, ana2 + resid, tol_r, noise_r, h, extrapolated=True,
-                     change=abs(r1 - r2))
+    change = abs(r1 - r2)
+    straight = max(float(np.linalg.norm(step - u)), float(np.linalg.norm(step2 - u))) <= 0.01 * unit
+    if straight:
+        noise_r = (4 * noise2 + noise) / 3
+        tol_r = lim.atol + lim.rtol * (abs(ana2) + lim.scale) + noise_r
+        return lim.judge(ana2, ana2 + (4 * r2 - r1) / 3, tol_r, noise_r, h, min(moved, moved2),
+                         extrapolated=True, change=change)
+    # Steps bent by rounding: no extrapolation. A wrong gradient leaves the same residual at
+    # both steps; truncation on a scale the rounding distorts does not.
+    vd = lim.judge(ana2, num2, lim.atol + lim.rtol * (abs(ana2) + lim.scale) + noise2, noise2,
+                   h, moved2)
+    if vd.status == "fail" and change <= 0.5 * min(abs(r1), abs(r2)):
+        return vd
+    return replace(vd, status="inconclusive", why="rough", hidden=change,
+                   size=max(abs(ana2), lim.scale * moved2))
 
 
 def _full(
@@ -422,16 +452,20 @@ def _inconclusive(name: str, index: tuple[int, ...] | None, vd: _Verdict,
                   mode: str) -> GradcheckInconclusive:
     where = f" at index {index}" if index is not None else ""
     h = vd.step
-    if vd.rough:
-        why = (f"finite differences at steps {h:.3g} and {h / 2:.3g} change by {vd.hidden:.3g}, "
-               f"as much as they differ from the analytic value {vd.analytic:.10g}: f is not "
-               f"smooth on the scale of the step; pass a smaller eps")
-    else:
-        why = (f"the rounding of f's output could hide {vd.hidden:.3g} in the derivative, more "
-               f"than atol and {RESOLUTION:g} of its size {vd.size:.3g}, even with the step "
-               f"{h:.3g}: f's output has a large constant part or barely changes over the step; "
-               f"check f without the constant part, pass a larger eps, or a larger atol if "
-               f"derivatives below it do not matter")
+    why = {
+        "rough": f"finite differences at steps {h:.3g} and {h / 2:.3g} change by "
+                 f"{vd.hidden:.3g}, as much as they differ from the analytic value "
+                 f"{vd.analytic:.10g}: f is not smooth on the scale of the step; pass a "
+                 f"smaller eps",
+        "roundoff": f"the rounding of f's output could hide {vd.hidden:.3g} in the derivative, "
+                    f"more than atol and {RESOLUTION:g} of its size {vd.size:.3g}, even with "
+                    f"the step {h:.3g}: f's output has a large constant part or barely changes "
+                    f"over the step; check f without the constant part, pass a larger eps, or a "
+                    f"larger atol if derivatives below it do not matter",
+        "step": f"the step {h:.3g} rounds away against the argument's magnitude (a ± h·u is a "
+                f"for {100 * vd.hidden:.0f}% of the step): pass a larger eps",
+        "domain": f"f is not finite at the argument ± {h:.3g}: pass a smaller eps",
+    }[vd.why]
     return GradcheckInconclusive(
         f"gradient check of {name}{where} is inconclusive ({mode} mode): {why}",
         arg=name, index=index, hidden=vd.hidden, size=vd.size)

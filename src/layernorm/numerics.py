@@ -77,7 +77,6 @@ __all__ = [
 ]
 
 
-
 def _significand_bits(dtype: DTypeLike) -> int:
     name = np.dtype(dtype).name
     try:

@@ -84,8 +84,6 @@ def tolerance(dtype: np.dtype | str, quantity: str = "out") -> Tolerance:
         raise ValueError(f"no tolerance for dtype {name!r} and quantity {quantity!r}") from None
 
 
-
-
 @dataclass(frozen=True)
 class Comparison:
     """The outcome of :func:`compare`: ``ok``, the largest errors, and the element with the

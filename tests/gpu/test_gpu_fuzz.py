@@ -10,11 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from fuzzing import KINDS, Problem, budget, draw_problem, scales  # noqa: E402
+from fuzzing import Problem, budget, draw_problem, scales  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from layernorm.gpu import layer_norm  # noqa: E402
+from layernorm.gpu import kernels, layer_norm  # noqa: E402
 from layernorm.tolerances import assert_close  # noqa: E402
 
 # Drawn extremes may have a true result beyond float16's range (inf), and Triton's interpreter
@@ -51,37 +51,30 @@ def _run(p: Problem) -> tuple:
             None if beta is None else _numpy(beta.grad, p.dtype))
 
 
-def _check(data: st.DataObject, kinds: tuple[str, ...]) -> None:
-    p = draw_problem(data, dtypes=tuple(TORCH_DTYPES), kinds=kinds, max_elements=1024)
-    p = Problem(np.ascontiguousarray(p.x), p.gamma, p.beta, np.ascontiguousarray(p.dy), p.eps,
-                p.kind, "strided" if p.layout == "strided" else "C")
-    y, dx, dgamma, dbeta = _run(p)
-    ex = p.exact()
-    sc = scales(p, ex)
-    assert_close(y, ex.y, p.dtype, "out", scale=sc.y, name="y")
-    assert_close(dx, ex.dx, p.dtype, "out", scale=sc.dx, name="dx")
-    assert_close(dgamma, None if p.gamma is None else ex.dgamma, p.dtype, "gpu-param",
-                 scale=sc.dgamma, name="dgamma")
-    assert_close(dbeta, None if p.beta is None else ex.dbeta, p.dtype, "gpu-param",
-                 scale=sc.dbeta, name="dbeta")
+# Triton's interpreter rounds float32 subnormals to bfloat16 wrongly (-8.8e-41 comes out as
+# -1.07e-38; torch and the hardware round it right): under the interpreter, bfloat16 results
+# below the smallest normal number are only known to within it.
+_FLOOR = {"bfloat16": 2 * 2.0**-126} if kernels.INTERPRET else {}
 
 
 @OVERFLOW_IS_AN_ANSWER
 @budget(25)
 @given(data=st.data())
 def test_triton_kernels_match_the_exact_oracle(data):
-    """Protects the Triton kernels on the inputs they take (float32, float16, bfloat16, M = 0
-    and D = 1 included): y, dx, dgamma and dbeta within the tolerance table of the exact answer
-    (dgamma/dbeta under the float32-accumulation "gpu-param" entries). Values near the top of
-    the float32 range, whose rows the forward rescales, have the test below."""
-    _check(data, tuple(k for k in KINDS if k != "huge"))
-
-
-@pytest.mark.xfail(strict=True, reason="the Triton backward is wrong on rows the forward "
-                   "rescaled (max|x| >= 2**126): dx off by orders of magnitude, or NaN")
-@OVERFLOW_IS_AN_ANSWER
-@budget(10)
-@given(data=st.data())
-def test_triton_kernels_on_rows_the_forward_rescales(data):
-    """Protects values near the top of the float32 range (float16's top is no such row)."""
-    _check(data, ("huge",))
+    """Protects the Triton kernels on any input they take (float32, float16, bfloat16, M = 0
+    and D = 1 included, values up to the dtype's limits): y, dx, dgamma and dbeta within the
+    tolerance table of the exact answer (dgamma/dbeta under the float32-accumulation
+    "gpu-param" entries)."""
+    p = draw_problem(data, dtypes=tuple(TORCH_DTYPES), max_elements=1024)
+    p = Problem(np.ascontiguousarray(p.x), p.gamma, p.beta, np.ascontiguousarray(p.dy), p.eps,
+                p.kind, "strided" if p.layout == "strided" else "C")
+    y, dx, dgamma, dbeta = _run(p)
+    ex = p.exact()
+    sc = scales(p, ex)
+    floor = _FLOOR.get(p.dtype.name, 0.0)
+    assert_close(y, ex.y, p.dtype, "out", scale=sc.y, floor=floor, name="y")
+    assert_close(dx, ex.dx, p.dtype, "out", scale=sc.dx, floor=floor, name="dx")
+    assert_close(dgamma, None if p.gamma is None else ex.dgamma, p.dtype, "gpu-param",
+                 scale=sc.dgamma, floor=floor, name="dgamma")
+    assert_close(dbeta, None if p.beta is None else ex.dbeta, p.dtype, "gpu-param",
+                 scale=sc.dbeta, floor=floor, name="dbeta")
