@@ -54,7 +54,7 @@ def _check_against_oracle(p: Problem, got: tuple, what: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @OVERFLOW_IS_AN_ANSWER
-@budget(600)
+@budget(2000)
 @given(data=st.data())
 def test_backend_matches_the_exact_oracle(backend, data):
     """Protects every backend on any input: y, dx, dgamma and dbeta within the tolerance table
@@ -83,7 +83,7 @@ def _shared(a: np.ndarray, extra: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="needs numba")
 @OVERFLOW_IS_AN_ANSWER
-@budget(150)
+@budget(400)
 @given(data=st.data())
 def test_out_never_aliases_a_callers_array(data):
     """Protects the caller's arrays from out=: any out overlapping x, gamma, beta (forward) or
@@ -154,7 +154,7 @@ def _functions(rng: np.random.Generator, shape: tuple[int, int]) -> dict:
     }
 
 
-@budget(150)
+@budget(400)
 @given(data=st.data())
 def test_check_vjp_never_passes_a_wrong_gradient(data):
     """Protects check_vjp's verdicts on drawn functions, points (|a| up to 1e3, offsets) and
