@@ -227,7 +227,7 @@ class _Problem:
             np.array(a, dtype=np.float64, copy=True) if _differentiable(a) else a for a in args
         ]
         self.diff = [i for i, a in enumerate(args) if _differentiable(a)]
-        self.y, self.layout = _as_output(f(*self.args))
+        self.layout = _as_output(f(*self.args))[1]  # f's layout, checked at the point
 
     def out(self, args: list) -> np.ndarray:
         flat, layout = _as_output(self.f(*args))
@@ -393,8 +393,9 @@ def _compare_at(p: _Problem, i: int, g: np.ndarray, u: np.ndarray, v: np.ndarray
     # both steps; truncation on a scale the rounding distorts does not.
     vd = lim.judge(ana2, num2, lim.atol + lim.rtol * (abs(ana2) + lim.scale) + noise2, noise2,
                    h, moved2)
-    if vd.status == "fail" and change <= 0.5 * min(abs(r1), abs(r2)):
-        return vd
+    if vd.status == "inconclusive" or (vd.status == "fail"
+                                       and change <= 0.5 * min(abs(r1), abs(r2))):
+        return vd  # what h/2 says it cannot judge keeps its own reason
     return replace(vd, status="inconclusive", why="rough", hidden=change,
                    size=max(abs(ana2), lim.scale * moved2))
 
