@@ -24,7 +24,7 @@ import numpy as np
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 
-from layernorm._validate import LARGEST, available_dtypes, resolve_dtype
+from layernorm.dtypes import DTYPES, available, resolve
 from layernorm.numerics import Exact, exact_layer_norm
 
 LONG_FACTOR = 100
@@ -90,7 +90,7 @@ class Problem:
 
 def _finite_max(dt: np.dtype) -> float:
     """The largest finite value of dt (values beyond it round to inf)."""
-    return LARGEST[dt.name]
+    return DTYPES[dt.name].largest
 
 
 def _tiny(dt: np.dtype) -> float:
@@ -158,8 +158,8 @@ def draw_problem(data: st.DataObject, dtypes: tuple[str, ...] | None = None,
                  kinds: tuple[str, ...] = KINDS, max_elements: int = 4096) -> Problem:
     """Draw a :class:`Problem` (x of at most ``max_elements`` elements, M = 0 and D = 1
     included) of one of ``dtypes`` (default: every dtype available here)."""
-    names = dtypes or tuple(available_dtypes())
-    dt = resolve_dtype(data.draw(st.sampled_from(names), label="dtype"))
+    names = dtypes or tuple(available())
+    dt = resolve(data.draw(st.sampled_from(names), label="dtype"))
     d = data.draw(st.one_of(st.integers(1, 48), st.sampled_from(ROW_LENGTHS)), label="D")
     lead = data.draw(st.lists(st.integers(0, 5), max_size=2), label="leading axes")
     while lead and math.prod(lead) * d > max_elements:

@@ -15,83 +15,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import NAMES
+
 try:
     from numpy.lib.array_utils import byte_bounds
 except ImportError:  # NumPy < 2
     from numpy import byte_bounds
 
 __all__ = [
-    "FLOAT_DTYPE_NAMES",
-    "LARGEST",
-    "SIGNIFICAND_BITS",
-    "SUBNORMAL",
     "Region",
     "as_float_array",
-    "available_dtypes",
     "check_dy",
     "check_eps",
     "check_out",
     "check_param",
     "check_x",
-    "compute_dtype",
     "is_float_dtype",
-    "is_half",
     "overlaps",
     "parse_shape",
     "region",
-    "resolve_dtype",
 ]
-
-
-def is_half(dtype: np.dtype) -> bool:
-    """True for float16 and bfloat16 (ml_dtypes), the dtypes computed in float32."""
-    return dtype == np.float16 or dtype.name == "bfloat16"
-
-
-def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype statistics and arithmetic use for inputs of ``dtype``.
-
-    float64 -> float64, float32 -> float32, float16/bfloat16 -> float32: statistics
-    never live in half precision, where x**2 overflows for |x| > 256 (float16).
-    """
-    return np.dtype(np.float32) if is_half(dtype) else np.dtype(dtype)
-
-
-FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
-# Bits of the significand, the implicit leading bit included; the spacing of the subnormal
-# numbers, 2**(emin - p + 1); the largest finite value.
-SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
-SUBNORMAL = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149,
-             "float64": 2.0**-1074}
-LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
-           "float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
 
 
 def is_float_dtype(dtype: np.dtype) -> bool:
     """True for the dtypes layernorm computes with: float16, bfloat16, float32, float64."""
-    return dtype.name in FLOAT_DTYPE_NAMES
-
-
-def resolve_dtype(name: str) -> np.dtype:
-    """The NumPy dtype called ``name``; bfloat16 comes from ml_dtypes (optional)."""
-    if name not in FLOAT_DTYPE_NAMES:
-        raise ValueError(f"dtype must be one of {', '.join(FLOAT_DTYPE_NAMES)}, got {name!r}")
-    if name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise ImportError("bfloat16 needs ml_dtypes: pip install ml_dtypes") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def available_dtypes() -> list[str]:
-    """Names of the supported dtypes usable here (bfloat16 only with ml_dtypes installed)."""
-    try:
-        import ml_dtypes  # noqa: F401
-    except ImportError:
-        return [n for n in FLOAT_DTYPE_NAMES if n != "bfloat16"]
-    return list(FLOAT_DTYPE_NAMES)
+    return dtype.name in NAMES
 
 
 def as_float_array(a: object, name: str) -> np.ndarray:
@@ -109,7 +57,7 @@ def as_float_array(a: object, name: str) -> np.ndarray:
         raise TypeError(f"{name} must be array-like, got {type(a).__name__}: {exc}") from None
     if not is_float_dtype(arr.dtype):
         raise TypeError(
-            f"{name} must have a floating dtype ({', '.join(FLOAT_DTYPE_NAMES)}), "
+            f"{name} must have a floating dtype ({', '.join(NAMES)}), "
             f"got dtype {arr.dtype}"
         )
     if not arr.dtype.isnative:  # e.g. '>f4' read from a file: compute on a native copy

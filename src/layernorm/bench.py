@@ -42,12 +42,11 @@ import numpy as np
 
 from . import _validate
 from ._table import render
-from ._validate import resolve_dtype
 from .cost import minimal_bytes
+from .dtypes import NAMES, resolve
 from .tolerances import tolerance
 
 STANDARD_SHAPES: tuple[tuple[int, ...], ...] = ((8, 512, 768), (4, 1024, 4096), (1, 64, 65536))
-DTYPES = ("float32", "float64", "float16", "bfloat16")
 IMPLS = ("numpy", "fused", "torch")
 OPS = ("fwd", "bwd", "fwd+bwd")
 EPS = 1e-5
@@ -75,7 +74,7 @@ class Case:
 
 def _inputs(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    dt = resolve_dtype(case.dtype)
+    dt = resolve(case.dtype)
     return {
         "x": (rng.standard_normal(case.shape, dtype=np.float32) * 2 + 0.5).astype(dt),
         "gamma": rng.standard_normal(case.D, dtype=np.float32).astype(dt),
@@ -211,7 +210,7 @@ def _check(results: Callable, a: dict[str, np.ndarray], dtype: str) -> float:
 
 
 def _copy_op(case: Case) -> tuple[Callable[[], object], str]:
-    dt = resolve_dtype(case.dtype)
+    dt = resolve(case.dtype)
     src = np.ones((case.M, case.D), dt)  # (M, D)
     dst = np.empty_like(src)
     try:
@@ -525,7 +524,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", action="append", type=parse_shape,
                         help="shape like 4096x1024 (repeatable; replaces the standard shapes "
                              + ", ".join("x".join(map(str, s)) for s in STANDARD_SHAPES) + ")")
-    parser.add_argument("--dtype", action="append", choices=DTYPES,
+    parser.add_argument("--dtype", action="append", choices=NAMES,
                         help="dtype (repeatable; default float32)")
     parser.add_argument("--impl", action="append", choices=IMPLS,
                         help="implementation (repeatable; default: all installed)")

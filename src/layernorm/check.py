@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._table import render
-from ._validate import available_dtypes, resolve_dtype
+from .dtypes import available, resolve
 from .gradcheck import GradcheckError, GradcheckInconclusive, check_vjp
 from .reference import layer_norm_backward, layer_norm_forward
 from .tolerances import compare, tolerance
@@ -71,7 +71,7 @@ def _gradcheck_row(shape: tuple[int, ...], mode: str, seed: int) -> CheckRow:
 
 
 def _dtype_row(shape: tuple[int, ...], dtype_name: str, seed: int) -> CheckRow:
-    x, gamma, beta, dy = (a.astype(resolve_dtype(dtype_name)) for a in _inputs(shape, seed))
+    x, gamma, beta, dy = (a.astype(resolve(dtype_name)) for a in _inputs(shape, seed))
     t0 = time.perf_counter()
     y, cache = layer_norm_forward(x, gamma, beta)
     got = (y, *layer_norm_backward(dy, cache))
@@ -95,7 +95,7 @@ def run_checks(seed: int = 0) -> list[CheckRow]:
     for shape in SHAPES:
         rows.append(_gradcheck_row(shape, "fast", seed))
         rows.append(_gradcheck_row(shape, "full", seed))
-        rows.extend(_dtype_row(shape, name, seed) for name in available_dtypes()
+        rows.extend(_dtype_row(shape, name, seed) for name in available()
                     if name != "float64")
     rows.append(_gradcheck_row(LARGE_SHAPE, "fast", seed))
     return rows

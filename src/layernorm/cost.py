@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from ._table import render
 from ._validate import parse_shape
+from .dtypes import DTYPES
 
 __all__ = [
     "FLOPS_PER_ELEMENT",
@@ -247,7 +248,6 @@ def _rows_and_length(text: str) -> tuple[int, int]:
     return math.prod(dims[:-1]), dims[-1]
 
 
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None) -> str:
@@ -261,7 +261,7 @@ def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None) -> 
         m, d = _rows_and_length(shape)
         for dtype in dtypes:
             for p in ("fwd", "bwd"):
-                c = cost(p, m, d, _ITEMSIZE[dtype])
+                c = cost(p, m, d, DTYPES[dtype].itemsize)
                 row = [shape, dtype, p, f"{c.flops / 1e9:.3f}", f"{c.minimal_bytes / 1e6:.1f}",
                        f"{c.reference_bytes / 1e6:.1f}", f"{c.reference_traffic_ratio:.1f}",
                        f"{c.cache_bytes / 1e6:.1f}" if p == "fwd" else "-",
@@ -274,7 +274,7 @@ def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None) -> 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", action="append", help="MxD (repeatable); default 3 shapes")
-    parser.add_argument("--dtype", action="append", choices=sorted(_ITEMSIZE),
+    parser.add_argument("--dtype", action="append", choices=sorted(DTYPES),
                         help="repeatable; default float32 and bfloat16")
     parser.add_argument("--bandwidth", type=float, default=None,
                         help="GB/s for the roofline column (e.g. the copy bandwidth from "

@@ -122,10 +122,10 @@ from ._validate import (
     check_out,
     check_param,
     check_x,
-    compute_dtype,
     overlaps,
     region,
 )
+from .dtypes import compute_dtype
 
 try:
     from llvmlite import ir

@@ -63,7 +63,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ._validate import SIGNIFICAND_BITS, is_float_dtype
+from ._validate import is_float_dtype
+from .dtypes import DTYPES
 
 __all__ = [
     "RESOLUTION",
@@ -167,7 +168,7 @@ def _is_real_float(dtype: np.dtype) -> bool:
 
 def _epsilon(dtype: np.dtype) -> float:
     """Machine epsilon (the spacing at 1) of a real floating dtype, bfloat16 included."""
-    bits = SIGNIFICAND_BITS.get(dtype.name)
+    bits = DTYPES[dtype.name].significand_bits if dtype.name in DTYPES else None
     return 2.0 ** (1 - bits) if bits is not None else float(np.finfo(dtype).eps)
 
 

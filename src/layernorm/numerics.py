@@ -49,7 +49,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ._validate import SIGNIFICAND_BITS, SUBNORMAL, as_float_array, check_eps, check_param
+from ._validate import as_float_array, check_eps, check_param
+from .dtypes import DTYPES
 from .reference import LayerNormCache, layer_norm_backward, layer_norm_forward
 
 __all__ = [
@@ -80,7 +81,7 @@ __all__ = [
 def _significand_bits(dtype: DTypeLike) -> int:
     name = np.dtype(dtype).name
     try:
-        return SIGNIFICAND_BITS[name]
+        return DTYPES[name].significand_bits
     except KeyError:
         raise TypeError(
             f"dtype must be float16, bfloat16, float32 or float64, got {name}"
@@ -99,7 +100,7 @@ def ulp(value: float, dtype: DTypeLike) -> float:
     if value == 0.0 or not math.isfinite(value):
         raise ValueError(f"value must be finite and nonzero, got {value!r}")
     spacing = math.ldexp(1.0, math.frexp(value)[1] - _significand_bits(dtype))
-    return max(spacing, SUBNORMAL[np.dtype(dtype).name])  # below the normal range: constant
+    return max(spacing, DTYPES[np.dtype(dtype).name].subnormal)  # below the normal range: constant
 
 
 def relative_error(got: np.ndarray, exact: np.ndarray) -> float:

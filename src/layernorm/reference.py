@@ -55,7 +55,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import check_dy, check_eps, check_param, check_x, compute_dtype
+from ._validate import check_dy, check_eps, check_param, check_x
+from .dtypes import compute_dtype
 
 __all__ = ["LayerNorm", "LayerNormCache", "layer_norm_backward", "layer_norm_forward"]
 

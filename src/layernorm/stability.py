@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ._table import render
-from ._validate import available_dtypes, resolve_dtype
+from .dtypes import DTYPES, NAMES, available, resolve
 from .numerics import (
     BACKWARD_MECHANISMS,
     VARIANCE_ALGORITHMS,
@@ -90,7 +90,7 @@ class Results:
 
 
 def _dtypes() -> list[np.dtype]:
-    return [resolve_dtype(name) for name in available_dtypes()]
+    return [resolve(name) for name in available()]
 
 
 def _fmt(v: float) -> str:
@@ -101,13 +101,12 @@ def _fmt(v: float) -> str:
 
 def _fits(x: np.ndarray, dt: np.dtype) -> bool:
     """Whether x rounds to finite values of dt (bfloat16 has float32's range)."""
-    big = np.finfo(np.float32 if dt.name == "bfloat16" else dt).max
-    return bool(np.abs(x).max() < big)
+    return bool(np.abs(x).max() < DTYPES[dt.name].largest)
 
 
 # --- table 1: variance algorithms ---------------------------------------------------------
 
-_EVERY = frozenset({"float16", "bfloat16", "float32", "float64"})
+_EVERY = frozenset(NAMES)
 
 
 @dataclass(frozen=True)
@@ -269,7 +268,7 @@ def _float64_cases(sz: Sizes, rng: np.random.Generator) -> list[RefCase]:
 def _ref_rows(case: RefCase, rng: np.random.Generator, backends: list[Backend]
               ) -> list[tuple[list[str], list[str]]]:
     """One row per backend for ``case``, all on the same drawn inputs."""
-    dt = resolve_dtype(case.dtype)
+    dt = resolve(case.dtype)
     m, d = case.x.shape
     x = case.x.astype(dt)
     gamma = (1 + 0.5 * rng.standard_normal(d)).astype(dt)

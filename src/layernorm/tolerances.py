@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import LARGEST, SUBNORMAL
+from .dtypes import DTYPES
 
 __all__ = ["TOLERANCES", "Comparison", "Tolerance", "assert_close", "compare", "tolerance"]
 
@@ -118,12 +118,12 @@ def compare(got: np.ndarray, want: np.ndarray, dtype: np.dtype | str, quantity: 
     fin = np.isfinite(w)
     with np.errstate(invalid="ignore", over="ignore"):
         # beyond the dtype's largest value, the right result may round to inf of w's sign
-        over = fin & (np.abs(w) > LARGEST[name]) & (g == np.copysign(np.inf, w))
+        over = fin & (np.abs(w) > DTYPES[name].largest) & (g == np.copysign(np.inf, w))
         err = np.where(fin, np.abs(g - w), np.where((g == w) | (np.isnan(g) & np.isnan(w)),
                                                     0.0, np.inf))
         err = np.where(over, 0.0, err)
         bound = tol.atol * float(scale) + tol.rtol * np.where(fin, np.abs(w), 0.0) \
-            + 2 * SUBNORMAL[name] + floor
+            + 2 * DTYPES[name].subnormal + floor
         err = np.where(np.isnan(err), np.inf, err)
     k = int(np.argmax(err / bound))
     idx = tuple(int(i) for i in np.unravel_index(k, w.shape))

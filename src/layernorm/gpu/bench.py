@@ -34,12 +34,13 @@ import numpy as np
 from .._table import render
 from .._validate import parse_shape
 from ..cost import minimal_bytes
+from ..dtypes import DTYPES
 from ..tolerances import tolerance
 
 RESULTS_DIR = Path("bench") / "results"
 RESULT_KEYS = ("device", "dtype", "M", "N", "provider", "pass", "ms", "gbps", "copy_gbps")
 PROVIDERS = ("layernorm", "torch", "torch.compile", "liger", "quack")
-DTYPES = ("bfloat16", "float32")
+DEFAULT_DTYPES = ("bfloat16", "float32")
 NS = tuple(2**k for k in range(8, 19))  # 256 ... 262,144
 QUICK_NS = (1024, 4096, 32768, 262144)
 MAX_ROWS = 32768
@@ -87,7 +88,7 @@ def make_row(
     copy_gbps: float,
 ) -> dict[str, Any]:
     """One result row; gbps is on the minimal bytes of the pass."""
-    itemsize = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
+    itemsize = DTYPES[dtype].itemsize
     gbps = minimal_bytes(pass_, M, N, itemsize) / (ms * 1e6)
     row = {"device": device, "dtype": dtype, "M": M, "N": N, "provider": provider,
            "pass": pass_, "ms": ms, "gbps": gbps, "copy_gbps": copy_gbps}
@@ -420,7 +421,7 @@ def run_cuda(args: Any) -> int:
         print(f"{COMMAND}: TRITON_INTERPRET=1 is set, which runs kernels in the interpreter; "
               "unset it to measure.")
         return 2
-    dtypes = list(args.dtype or DTYPES)
+    dtypes = list(args.dtype or DEFAULT_DTYPES)
     unknown = [d for d in dtypes if d not in ("bfloat16", "float16", "float32")]
     if unknown:
         print(f"{COMMAND}: dtype must be bfloat16, float16 or float32, got {unknown}")
