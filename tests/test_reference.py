@@ -123,7 +123,7 @@ def test_cache_holds_only_xhat_rstd_and_gamma():
     g, b = _affine(8)
     y, cache = ln.layer_norm_forward(x, g, b)
     assert cache.xhat.shape == (30, 8) and cache.rstd.shape == (30,)
-    assert not np.shares_memory(cache.gamma, g) and np.array_equal(cache.gamma, g)
+    assert not np.shares_memory(cache.scale, g) and np.array_equal(cache.scale, g)
     arrays = [v for v in vars(cache).values() if isinstance(v, np.ndarray)]
     assert sum(a.nbytes for a in arrays) == cache.nbytes == (30 * 8 + 30 + 8) * 8
     assert not np.shares_memory(y, cache.xhat)  # the caller may write y

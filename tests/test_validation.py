@@ -59,7 +59,7 @@ def test_bad_dy_and_cache():
         ln.layer_norm_backward(np.ones((4, 3)), cache)
     with pytest.raises(TypeError, match="dy must have a floating dtype"):
         ln.layer_norm_backward(np.ones((3, 4), dtype=np.int64), cache)
-    with pytest.raises(TypeError, match="cache must be the LayerNormCache"):
+    with pytest.raises(TypeError, match="cache must be the NormCache"):
         ln.layer_norm_backward(np.ones((3, 4)), {"xhat": None})
     _, other = ln.layer_norm_forward(np.ones((2, 4)))
     with pytest.raises(ValueError, match="another call"):

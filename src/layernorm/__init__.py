@@ -1,22 +1,44 @@
-"""layernorm: layer normalization with a hand-derived backward and the tools that prove it.
+"""layernorm: the normalization family (LayerNorm, RMSNorm, each with the residual add fused in)
+with a hand-derived backward and the tools that prove it.
 
 ``import layernorm`` needs NumPy alone; the fused backends live in ``layernorm.cpu``
 (numba) and ``layernorm.gpu`` (torch + triton) and are imported only when used.
 """
 
 from .gradcheck import GradcheckError, GradcheckInconclusive, GradcheckReport, check_vjp
-from .reference import LayerNorm, LayerNormCache, layer_norm_backward, layer_norm_forward
+from .reference import (
+    AddNormCache,
+    LayerNorm,
+    NormCache,
+    RMSNorm,
+    add_layer_norm_backward,
+    add_layer_norm_forward,
+    add_rms_norm_backward,
+    add_rms_norm_forward,
+    layer_norm_backward,
+    layer_norm_forward,
+    rms_norm_backward,
+    rms_norm_forward,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AddNormCache",
     "GradcheckError",
     "GradcheckInconclusive",
     "GradcheckReport",
     "LayerNorm",
-    "LayerNormCache",
+    "NormCache",
+    "RMSNorm",
     "__version__",
+    "add_layer_norm_backward",
+    "add_layer_norm_forward",
+    "add_rms_norm_backward",
+    "add_rms_norm_forward",
     "check_vjp",
     "layer_norm_backward",
     "layer_norm_forward",
+    "rms_norm_backward",
+    "rms_norm_forward",
 ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dtypes import NAMES
+from .dtypes import NAMES, resolve
 
 try:
     from numpy.lib.array_utils import byte_bounds
@@ -25,10 +25,13 @@ except ImportError:  # NumPy < 2
 __all__ = [
     "Region",
     "as_float_array",
+    "check_dtype",
     "check_dy",
     "check_eps",
+    "check_flag",
     "check_out",
     "check_param",
+    "check_shape",
     "check_x",
     "is_float_dtype",
     "overlaps",
@@ -133,6 +136,43 @@ def check_param(p: object, name: str, d: int) -> np.ndarray | None:
             f"{name} must have shape ({d},) to match the last axis of x, got shape {arr.shape}"
         )
     return arr
+
+
+def check_shape(a: object, name: str, shape: tuple[int, ...], of: str) -> np.ndarray:
+    """``a`` (``residual``, ``dh``) as a floating array of ``shape``, the shape of ``of``."""
+    arr = as_float_array(a, name)
+    if arr.shape != shape:
+        raise ValueError(f"{name} must have the shape of {of}, {shape}; got {arr.shape}")
+    return arr
+
+
+def check_flag(value: object, name: str) -> bool:
+    """``value`` as a bool; only True and False (NumPy's included) are accepted."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}: {value!r}")
+    return bool(value)
+
+
+def check_dtype(value: object, name: str, default: np.dtype) -> np.dtype:
+    """``value`` (None for ``default``, a dtype name, or a NumPy dtype or scalar type) as one of
+    the supported floating dtypes."""
+    if value is None:
+        return np.dtype(default)
+    if isinstance(value, str):
+        if value not in NAMES:
+            raise ValueError(f"{name} must be one of {', '.join(NAMES)}, got {value!r}")
+        return resolve(value)
+    if not isinstance(value, (np.dtype, type)):
+        raise TypeError(f"{name} must be None, a dtype name or a NumPy dtype, "
+                        f"got {type(value).__name__}: {value!r}")
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        raise TypeError(f"{name} must be None, a dtype name or a NumPy dtype, got {value!r}") \
+            from None
+    if not is_float_dtype(dtype):
+        raise ValueError(f"{name} must be one of {', '.join(NAMES)}, got dtype {dtype}")
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from numpy.typing import DTypeLike
 
 from ._validate import as_float_array, check_eps, check_param
 from .dtypes import DTYPES
-from .reference import LayerNormCache, layer_norm_backward, layer_norm_forward
+from .reference import NormCache, layer_norm_backward, layer_norm_forward
 
 __all__ = [
     "BACKWARD_MECHANISMS",
@@ -488,10 +488,11 @@ def float32_backward(
         return dx * cache.rstd[:, None]
     gamma64 = None if gamma is None else gamma.astype(np.float64)
     cache64 = layer_norm_forward(x.astype(np.float64), gamma64, eps=eps)[1]
-    rounded = LayerNormCache(
+    rounded = NormCache(
+        centred=True,
         xhat=cache64.xhat.astype(np.float32).astype(np.float64),
         rstd=cache64.rstd.astype(np.float32).astype(np.float64),
-        gamma=gamma64,
+        scale=gamma64,
         gamma_dtype=None if gamma64 is None else gamma64.dtype,
         beta_dtype=None,
         x_shape=cache64.x_shape,

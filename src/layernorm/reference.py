@@ -1,50 +1,72 @@
-r"""NumPy reference for layer normalization: the oracle every other backend is checked against.
+r"""NumPy reference for the normalization family: the oracle every other backend is checked against.
 
-The maths (one row of length D; docs/derivation.md has every step):
+The maths (one row of length D; docs/derivation.md has every step). LayerNorm centres the row;
+RMSNorm does not, and has no shift:
 
+    LayerNorm                              RMSNorm
     mean = (1/D) sum_j x_j
-    var  = (1/D) sum_j (x_j - mean)^2
-    rstd = 1 / sqrt(var + eps)
-    xhat = (x - mean) * rstd
-    y    = gamma * xhat + beta
+    var  = (1/D) sum_j (x_j - mean)^2      ms   = (1/D) sum_j x_j^2
+    rstd = 1 / sqrt(var + eps)             rstd = 1 / sqrt(ms + eps)
+    xhat = (x - mean) * rstd               xhat = x * rstd
+    y    = scale * xhat + beta             y    = scale * xhat
 
-and, with g = dy * gamma (g = dy without gamma),
+scale is gamma, or 1 + gamma with ``zero_centered_gamma`` (no scale without gamma). With
+g = dy * scale,
 
     dbeta  = sum over rows of dy
-    dgamma = sum over rows of dy * xhat
-    dx     = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    dgamma = sum over rows of dy * xhat     (also with zero_centered_gamma: d(1 + gamma)/dgamma = 1)
+    dx     = rstd * (g - mean(g) - xhat * mean(g * xhat))     LayerNorm: two row reductions
+    dx     = rstd * (g - xhat * mean(g * xhat))               RMSNorm: one
 
-The backward needs only xhat (M, D) and rstd (M,) from the forward, plus gamma: that is
-all the cache holds. Two row reductions, mean(g) and mean(g * xhat), and no forward
-recomputation. x, mean and var are not kept: xhat and rstd are what the formula reads. gamma
-is copied (D elements), so the backward differentiates the forward that ran even when the
-caller changes gamma in place in between (an optimizer step): every backend follows this rule.
+The add-norms form h = x + residual, rounded once to ``residual_dtype``, and normalize h. x and
+residual each enter h with derivative 1, so with dh the gradient reaching h from the residual
+stream (h feeds the next block as well as the norm),
+
+    dx = dresidual = dh + (the norm's dx with respect to h)
+
+Both kinds share one statistics routine (centring optional), one backward core and one cache
+class, :class:`NormCache`: xhat (M, D), rstd (M,) and a copy of the scale (D,). That is all
+the formula reads: two (one) row reductions and no forward recomputation. x, mean and var are
+not kept. The scale is copied, so the backward differentiates the forward that ran even when
+the caller changes gamma in place in between (an optimizer step): every backend follows this
+rule. The add-norms keep nothing more (:class:`AddNormCache`): not h, not x, not residual.
 
 Accuracy mechanism (chosen by measurement: ``layernorm stability``, docs/numerics.md). All
 arithmetic is in the compute dtype cdt: float64 for float64 inputs, float32 for float32,
 float16 and bfloat16 inputs; u is its unit roundoff (2**-24 float32, 2**-53 float64).
 Per row of length D:
 
-1. Statistics, corrected two-pass: m = mean(x); d = x - m; d = d - mean(d); var = mean(d*d);
-   rstd = 1/sqrt(var + eps); xhat = d * rstd. The second subtraction removes the rounding
-   error of m (up to half an ulp of |m|, plus the sum's error) from every centred value;
-   without it y is off by ~ u*|mean|/std, and a constant row gives xhat = ±1, not 0.
+1. LayerNorm statistics, corrected two-pass: m = mean(x); d = x - m; d = d - mean(d);
+   var = mean(d*d); rstd = 1/sqrt(var + eps); xhat = d * rstd. The second subtraction removes
+   the rounding error of m (up to half an ulp of |m|, plus the sum's error) from every centred
+   value; without it y is off by ~ u*|mean|/std, and a constant row gives xhat = ±1, not 0.
+   RMSNorm has no mean to subtract: ms = mean(x*x), a sum of non-negative terms, is accurate
+   to ~ u*log2(D) relative with nothing to cancel.
 2. Every row sum is pairwise (NumPy's over a C-contiguous row, error ~ u*log2(D)), never
    sequential (error ~ u*D). A kernel uses a tree or blocked sum, or Chan's merge of
    per-block (count, mean, M2).
-3. A row whose sum or sum of squares overflows cdt (|sum(x)| or D*(x - mean)**2 above the
-   largest float: |x - mean| ~ 1.8e19/sqrt(D) in float32 and bfloat16, 1.3e154/sqrt(D) in
-   float64) is normalized as x*2**-e with eps*4**-e in float64 (a power-of-two scaling is
-   exact; max|x*2**-e| < 1) and its rstd scaled back by 2**-e. Other rows pay one isfinite
-   test of var.
-4. Backward: g = dy*gamma, mean(g), mean(g*xhat) and dx = rstd*((g - mean(g)) -
-   xhat*mean(g*xhat)) in cdt with pairwise row sums. When g is close to span{1, xhat} the
-   bracket cancels: dx's normwise error is 2.1 to 3.8 u*kappa as measured by `layernorm
-   stability` (tests assert <= 6 u*kappa), kappa = max|g|*rstd/max|dx|, set by the rounding
-   of the cached xhat and of g. Accumulating the two row sums in
-   float64 gains nothing (measured); float64 arithmetic from a float32 cache reaches that
-   cache's floor, 0.4 to 0.9 u*kappa, at 3.3 to 3.9 times the time, and is not used.
+3. A row whose sum or sum of squares overflows cdt (|sum(x)| or D*(x - mean)**2, D*x**2 for
+   RMSNorm, above the largest float: |x - mean| or |x| ~ 1.8e19/sqrt(D) in float32 and
+   bfloat16, 1.3e154/sqrt(D) in float64) is normalized as x*2**-e with eps*4**-e in float64
+   (a power-of-two scaling is exact; max|x*2**-e| < 1) and its rstd scaled back by 2**-e.
+   Other rows pay one isfinite test of var (ms).
+4. Backward: g = dy*scale, the row means and dx in cdt with pairwise row sums. When g is
+   close to span{1, xhat} (span{xhat} for RMSNorm) the bracket cancels: LayerNorm's dx has
+   normwise error 2.1 to 3.8 u*kappa as measured by `layernorm stability` (tests assert
+   <= 6 u*kappa), kappa = max|g|*rstd/max|dx|, set by the rounding of the cached xhat and of
+   g. Accumulating the row sums in float64 gains nothing (measured); float64 arithmetic from
+   a float32 cache reaches that cache's floor, 0.4 to 0.9 u*kappa, at 3.3 to 3.9 times the
+   time, and is not used.
 5. Sums over rows (dgamma, dbeta) accumulate in float64.
+6. scale = 1 + gamma is formed in cdt, never in a half dtype: bfloat16 holds 1 + gamma only to
+   2**-8, so a small gamma (a zero-centred gamma starts at 0 and stays near it) would round
+   away, and its training with it.
+7. Add-norms: h = x + residual is formed in the widest compute dtype of x, residual and
+   residual_dtype, then rounded once to residual_dtype (x's dtype by default; float32 keeps a
+   bfloat16 model's residual stream in float32). The norm reads that rounded h and computes in
+   h's compute dtype, so y is layer_norm_forward(h) (rms_norm_forward(h)), rounded once to x's
+   dtype. The backward adds dh to the norm's dx in the add's compute dtype, before that dx is
+   rounded, and rounds the total once to x's dtype (dx) and once to residual's (dresidual).
 
 Only NumPy is used here: no autodiff, no other array library.
 """
@@ -55,29 +77,54 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import check_dy, check_eps, check_param, check_x
+from ._validate import (
+    check_dtype,
+    check_dy,
+    check_eps,
+    check_flag,
+    check_param,
+    check_shape,
+    check_x,
+)
 from .dtypes import compute_dtype
 
-__all__ = ["LayerNorm", "LayerNormCache", "layer_norm_backward", "layer_norm_forward"]
+__all__ = [
+    "AddNormCache",
+    "LayerNorm",
+    "NormCache",
+    "RMSNorm",
+    "add_layer_norm_backward",
+    "add_layer_norm_forward",
+    "add_rms_norm_backward",
+    "add_rms_norm_forward",
+    "layer_norm_backward",
+    "layer_norm_forward",
+    "rms_norm_backward",
+    "rms_norm_forward",
+]
 
 
 @dataclass(frozen=True)
-class LayerNormCache:
-    """What the backward needs from the forward, and nothing else.
+class NormCache:
+    """What the backward of a norm needs from its forward, and nothing else.
 
     Attributes:
+        centred: True for LayerNorm (the row mean was subtracted), False for RMSNorm.
         xhat: (M, D) normalized input in the compute dtype (float32 or float64).
-        rstd: (M,) 1/sqrt(var + eps) in the compute dtype.
-        gamma: (D,) a copy of the forward's gamma in the compute dtype, or None.
+        rstd: (M,) 1/sqrt(var + eps) (LayerNorm) or 1/sqrt(mean(x**2) + eps) (RMSNorm), in
+            the compute dtype.
+        scale: (D,) gamma, or 1 + gamma with zero_centered_gamma, in the compute dtype: a copy
+            made by the forward; None without gamma.
         gamma_dtype: dtype of the forward's gamma (dgamma is returned in it), or None.
         beta_dtype: dtype of beta, or None when the forward had no beta (then dbeta is None).
         x_shape: shape of the forward's x; dy must have this shape.
         x_dtype: dtype of the forward's x; dx is returned in it.
     """
 
+    centred: bool
     xhat: np.ndarray
     rstd: np.ndarray
-    gamma: np.ndarray | None
+    scale: np.ndarray | None
     gamma_dtype: np.dtype | None
     beta_dtype: np.dtype | None
     x_shape: tuple[int, ...]
@@ -85,28 +132,56 @@ class LayerNormCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds: xhat, rstd and the copy of gamma."""
-        return self.xhat.nbytes + self.rstd.nbytes + (0 if self.gamma is None else
-                                                       self.gamma.nbytes)
+        """Bytes the cache holds: xhat, rstd and the copy of the scale."""
+        return self.xhat.nbytes + self.rstd.nbytes + (0 if self.scale is None else
+                                                       self.scale.nbytes)
 
 
-def _centre(xc: np.ndarray) -> np.ndarray:
-    """Centre the rows of xc (M, D) in place, corrected two-pass; returns their variance (M,)."""
-    xc -= xc.mean(axis=1, keepdims=True)  # (M, D) centred with the rounded mean
-    # The rounded mean is off by up to half an ulp of |mean|, an error every centred value
-    # carries; when |mean| >> std that error dominates. The mean of the centred values is that
-    # error (small numbers, so computed accurately); subtracting it removes it.
-    xc -= xc.mean(axis=1, keepdims=True)  # (M, D)
+@dataclass(frozen=True)
+class AddNormCache:
+    """What the backward of an add-norm needs: the norm's cache of h, and two dtypes.
+
+    Attributes:
+        norm: the :class:`NormCache` of the norm of h (its x_dtype is h's dtype).
+        dx_dtype: dtype of the forward's x; dx is returned in it.
+        dresidual_dtype: dtype of the forward's residual; dresidual is returned in it.
+    """
+
+    norm: NormCache
+    dx_dtype: np.dtype
+    dresidual_dtype: np.dtype
+
+    @property
+    def x_shape(self) -> tuple[int, ...]:
+        """Shape of x, residual, h, y, and so of dy and dh."""
+        return self.norm.x_shape
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds: the norm's cache; h, x and residual are not kept."""
+        return self.norm.nbytes
+
+
+def _second_moment(xc: np.ndarray, centred: bool) -> np.ndarray:
+    """Centre the rows of xc (M, D) in place when ``centred`` (corrected two-pass); returns
+    their mean square (M,): the variance, or mean(x**2) uncentred."""
+    if centred:
+        xc -= xc.mean(axis=1, keepdims=True)  # (M, D) centred with the rounded mean
+        # The rounded mean is off by up to half an ulp of |mean|, an error every centred value
+        # carries; when |mean| >> std that error dominates. The mean of the centred values is
+        # that error (small numbers, so computed accurately); subtracting it removes it.
+        xc -= xc.mean(axis=1, keepdims=True)  # (M, D)
     return np.mean(np.square(xc), axis=1)  # (M,)
 
 
-def _normalize(x2: np.ndarray, cdt: np.dtype, eps: float) -> tuple[np.ndarray, np.ndarray]:
+def _normalize(x2: np.ndarray, cdt: np.dtype, eps: float,
+               centred: bool) -> tuple[np.ndarray, np.ndarray]:
     """xhat (M, D) and rstd (M,) of the rows of x2, computed in ``cdt``."""
     # C order keeps rows contiguous, so NumPy's row sums are pairwise; along a strided axis they
     # are sequential (float32, x = 1e4 + N(0, 1), D = 1e5: y error 1.6e-5 instead of 1.0e-7).
     xc = x2.astype(cdt, order="C")  # (M, D) working copy: the caller's x is never written
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        var = _centre(xc)  # (M,)
+        var = _second_moment(xc, centred)  # (M,)
         rstd = 1.0 / np.sqrt(var + cdt.type(eps))  # (M,)
         xc *= rstd[:, None]  # (M, D) xhat, in place
         big = ~np.isfinite(var)  # (M,) the sum or the squares overflowed cdt
@@ -115,14 +190,95 @@ def _normalize(x2: np.ndarray, cdt: np.dtype, eps: float) -> tuple[np.ndarray, n
             xs = x2[big].astype(np.float64)  # (B, D)
             e = np.frexp(np.max(np.abs(xs), axis=1))[1]  # (B,) max|x| < 2**e
             xs = np.ldexp(xs, -e[:, None])  # (B, D) max|xs| < 1
-            var_s = _centre(xs)  # (B,)
+            var_s = _second_moment(xs, centred)  # (B,)
             rstd_s = 1.0 / np.sqrt(var_s + np.ldexp(eps, -2 * e))  # (B,)
-            # A constant row: eps*4**-e may underflow to 0, but var = 0 means rstd = 1/sqrt(eps)
-            # and xhat = 0 exactly, whatever the scale.
+            # A constant row (LayerNorm): eps*4**-e may underflow to 0, but var = 0 means
+            # rstd = 1/sqrt(eps) and xhat = 0 exactly, whatever the scale. An RMSNorm row that
+            # overflowed has mean(xs**2) >= 1/(4 D), never 0.
             zero = var_s == 0  # (B,)
             xc[big] = np.where(zero[:, None], 0.0, xs * rstd_s[:, None])  # (B, D)
             rstd[big] = np.where(zero, 1.0 / np.sqrt(eps), np.ldexp(rstd_s, -e))  # (B,)
     return xc, rstd
+
+
+def _forward(x: np.ndarray, gamma: object, beta: object, eps: object, centred: bool,
+             zero_centered_gamma: object) -> tuple[np.ndarray, NormCache]:
+    """y (M, D) in the compute dtype of x and the cache; x is checked, the rest is checked here."""
+    d = x.shape[-1]
+    gamma = check_param(gamma, "gamma", d)
+    beta = check_param(beta, "beta", d)
+    zero_centered_gamma = check_flag(zero_centered_gamma, "zero_centered_gamma")
+    cdt = compute_dtype(x.dtype)
+    eps = check_eps(eps, cdt)
+
+    xhat, rstd = _normalize(x.reshape(-1, d), cdt, eps, centred)  # (M, D), (M,)
+    if gamma is None:
+        scale = None
+    elif zero_centered_gamma:
+        scale = gamma.astype(cdt) + cdt.type(1)  # (D,) in cdt: 1 + gamma never rounded to half
+    else:
+        scale = np.array(gamma, dtype=cdt)  # (D,) a copy, always
+    y = xhat.copy() if scale is None else xhat * scale  # (M, D): y must not alias the cache
+    if beta is not None:
+        y += beta.astype(cdt, copy=False)
+    cache = NormCache(
+        centred=centred,
+        xhat=xhat,
+        rstd=rstd,
+        scale=scale,
+        gamma_dtype=None if gamma is None else gamma.dtype,
+        beta_dtype=None if beta is None else beta.dtype,
+        x_shape=x.shape,
+        x_dtype=x.dtype,
+    )
+    return y, cache
+
+
+def _backward(dy: np.ndarray, cache: NormCache, dtype: np.dtype
+              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """dx (M, D) in ``dtype``, dgamma and dbeta (in their dtypes, or None).
+
+    dx = rstd * (g - [mean(g) if centred] - xhat * mean(g * xhat)), g = dy * scale, computed
+    in the compute dtype and rounded once to ``dtype``.
+    """
+    xhat, rstd, scale = cache.xhat, cache.rstd, cache.scale  # (M, D), (M,), (D,) | None
+    cdt = xhat.dtype
+    d = xhat.shape[1]
+    dy2 = dy.reshape(-1, d).astype(cdt, order="C", copy=False)  # (M, D) rows contiguous
+
+    # Sums over rows accumulate in float64: a float32 sum down a column is sequential and
+    # its error grows with M (docs/numerics.md).
+    dbeta = None
+    if cache.beta_dtype is not None:
+        dbeta = dy2.sum(axis=0, dtype=np.float64).astype(cache.beta_dtype)  # (D,)
+    dyxhat = dy2 * xhat  # (M, D), reused for dgamma and mean(g * xhat)
+    if scale is None:
+        dgamma = None
+        g = dy2.copy()  # (M, D) working buffer for dx
+        gxhat = dyxhat  # (M, D)
+    else:
+        # d scale/d gamma = 1 for scale = gamma and for scale = 1 + gamma alike
+        dgamma = dyxhat.sum(axis=0, dtype=np.float64).astype(cache.gamma_dtype)  # (D,)
+        g = dy2 * scale  # (M, D)
+        gxhat = np.multiply(dyxhat, scale, out=dyxhat)  # (M, D) g * xhat, in place
+    mean_gxhat = gxhat.mean(axis=1, keepdims=True)  # (M, 1)
+    # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), built in g's buffer
+    if cache.centred:
+        g -= g.mean(axis=1, keepdims=True)  # (M, D)
+    g -= np.multiply(xhat, mean_gxhat, out=gxhat)
+    g *= rstd[:, None]
+    return g.astype(dtype, copy=False), dgamma, dbeta
+
+
+def _check_cache(dy: object, cache: object, cache_type: type, centred: bool,
+                 producer: str) -> np.ndarray:
+    """dy checked against ``cache``, which must come from ``producer`` (a norm of this kind)."""
+    dy = check_dy(dy, cache, cache_type, producer)
+    norm = cache.norm if isinstance(cache, AddNormCache) else cache
+    if norm.centred != centred:
+        raise ValueError(f"cache must be the {cache_type.__name__} returned by {producer}, "
+                         f"got the cache of {'a layer norm' if norm.centred else 'an RMS norm'}")
+    return dy
 
 
 def layer_norm_forward(
@@ -130,45 +286,29 @@ def layer_norm_forward(
     gamma: np.ndarray | None = None,
     beta: np.ndarray | None = None,
     eps: float = 1e-5,
-) -> tuple[np.ndarray, LayerNormCache]:
+    *,
+    zero_centered_gamma: bool = False,
+) -> tuple[np.ndarray, NormCache]:
     """Layer norm over the last axis of ``x``.
 
     Args:
         x: (..., D) floating array with at least one axis; never modified.
-        gamma: (D,) scale, or None for no scale. The cache keeps a copy.
+        gamma: (D,) scale, or None for no scale. The cache keeps a copy of the scale.
         beta: (D,) shift, or None for no shift.
         eps: finite positive number added to the variance.
+        zero_centered_gamma: scale by 1 + gamma (formed in the compute dtype) instead of gamma.
 
     Returns:
         y: same shape and dtype as x. float16/bfloat16 inputs are computed in float32.
-        cache: a :class:`LayerNormCache` for :func:`layer_norm_backward`.
+        cache: a :class:`NormCache` for :func:`layer_norm_backward`.
     """
     x = check_x(x)
-    d = x.shape[-1]
-    gamma = check_param(gamma, "gamma", d)
-    beta = check_param(beta, "beta", d)
-    cdt = compute_dtype(x.dtype)
-    eps = check_eps(eps, cdt)
-
-    xhat, rstd = _normalize(x.reshape(-1, d), cdt, eps)  # (M, D), (M,)
-    gamma_c = None if gamma is None else np.array(gamma, dtype=cdt)  # (D,) a copy, always
-    y = xhat.copy() if gamma_c is None else xhat * gamma_c  # (M, D): y must not alias the cache
-    if beta is not None:
-        y += beta.astype(cdt, copy=False)
-    cache = LayerNormCache(
-        xhat=xhat,
-        rstd=rstd,
-        gamma=gamma_c,
-        gamma_dtype=None if gamma is None else gamma.dtype,
-        beta_dtype=None if beta is None else beta.dtype,
-        x_shape=x.shape,
-        x_dtype=x.dtype,
-    )
+    y, cache = _forward(x, gamma, beta, eps, True, zero_centered_gamma)
     return y.astype(x.dtype, copy=False).reshape(x.shape), cache
 
 
 def layer_norm_backward(
-    dy: np.ndarray, cache: LayerNormCache
+    dy: np.ndarray, cache: NormCache
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Gradients of layer norm given dL/dy and the forward's cache.
 
@@ -181,69 +321,242 @@ def layer_norm_backward(
         dgamma: (D,) in gamma's dtype, or None when the forward had no gamma.
         dbeta: (D,) in beta's dtype, or None when the forward had no beta.
     """
-    dy = check_dy(dy, cache, LayerNormCache, "layer_norm_forward")
-    xhat, rstd, gamma = cache.xhat, cache.rstd, cache.gamma  # (M, D), (M,), (D,) | None
-    cdt = xhat.dtype
-    d = xhat.shape[1]
-    dy2 = dy.reshape(-1, d).astype(cdt, order="C", copy=False)  # (M, D) rows contiguous
-
-    # Sums over rows accumulate in float64: a float32 sum down a column is sequential and
-    # its error grows with M (docs/numerics.md).
-    dbeta = None
-    if cache.beta_dtype is not None:
-        dbeta = dy2.sum(axis=0, dtype=np.float64).astype(cache.beta_dtype)  # (D,)
-    dyxhat = dy2 * xhat  # (M, D), reused for dgamma and mean(g * xhat)
-    if gamma is None:
-        dgamma = None
-        g = dy2.copy()  # (M, D) working buffer for dx
-        gxhat = dyxhat  # (M, D)
-    else:
-        dgamma = dyxhat.sum(axis=0, dtype=np.float64).astype(cache.gamma_dtype)  # (D,)
-        g = dy2 * gamma  # (M, D)
-        gxhat = np.multiply(dyxhat, gamma, out=dyxhat)  # (M, D) g * xhat, in place
-    mean_g = g.mean(axis=1, keepdims=True)  # (M, 1)
-    mean_gxhat = gxhat.mean(axis=1, keepdims=True)  # (M, 1)
-    # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), built in g's buffer
-    g -= mean_g
-    g -= np.multiply(xhat, mean_gxhat, out=gxhat)
-    g *= rstd[:, None]
-    dx = g.astype(cache.x_dtype, copy=False).reshape(cache.x_shape)
-    return dx, dgamma, dbeta
+    dy = _check_cache(dy, cache, NormCache, True, "layer_norm_forward")
+    dx, dgamma, dbeta = _backward(dy, cache, cache.x_dtype)
+    return dx.reshape(cache.x_shape), dgamma, dbeta
 
 
-class LayerNorm:
-    """A stateful layer norm for NumPy networks.
+def rms_norm_forward(
+    x: np.ndarray,
+    gamma: np.ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    zero_centered_gamma: bool = False,
+) -> tuple[np.ndarray, NormCache]:
+    """RMS norm over the last axis of ``x``: y = scale * x / sqrt(mean(x**2) + eps).
 
-    ``gamma`` starts at ones and ``beta`` at zeros (float64, shape (D,)). ``forward`` keeps
-    the cache; ``backward`` returns dx and stores ``dgamma`` and ``dbeta``.
+    Args:
+        x: (..., D) floating array with at least one axis; never modified.
+        gamma: (D,) scale, or None for no scale. The cache keeps a copy of the scale.
+        eps: finite positive number added to mean(x**2).
+        zero_centered_gamma: scale by 1 + gamma (formed in the compute dtype) instead of gamma.
+
+    Returns:
+        y: same shape and dtype as x. float16/bfloat16 inputs are computed in float32.
+        cache: a :class:`NormCache` for :func:`rms_norm_backward`.
+    """
+    x = check_x(x)
+    y, cache = _forward(x, gamma, None, eps, False, zero_centered_gamma)
+    return y.astype(x.dtype, copy=False).reshape(x.shape), cache
+
+
+def rms_norm_backward(dy: np.ndarray, cache: NormCache) -> tuple[np.ndarray, np.ndarray | None]:
+    """Gradients of RMS norm given dL/dy and the forward's cache.
+
+    Args:
+        dy: gradient of the loss w.r.t. y, same shape as the forward's x; never modified.
+        cache: the cache returned by :func:`rms_norm_forward`.
+
+    Returns:
+        dx: same shape and dtype as x.
+        dgamma: (D,) in gamma's dtype, or None when the forward had no gamma.
+    """
+    dy = _check_cache(dy, cache, NormCache, False, "rms_norm_forward")
+    dx, dgamma, _ = _backward(dy, cache, cache.x_dtype)
+    return dx.reshape(cache.x_shape), dgamma
+
+
+def _add_dtype(*dtypes: np.dtype) -> np.dtype:
+    """The compute dtype wide enough for all of ``dtypes``: float64 if any is, else float32."""
+    return max((compute_dtype(d) for d in dtypes), key=lambda d: d.itemsize)
+
+
+def _add_forward(x: object, residual: object, gamma: object, beta: object, eps: object,
+                 residual_dtype: object, zero_centered_gamma: object, centred: bool
+                 ) -> tuple[np.ndarray, np.ndarray, AddNormCache]:
+    """y, h and the cache of an add-norm (module docstring, item 7)."""
+    x = check_x(x)
+    residual = check_shape(residual, "residual", x.shape, "x")
+    h_dtype = check_dtype(residual_dtype, "residual_dtype", x.dtype)
+    adt = _add_dtype(x.dtype, residual.dtype, h_dtype)
+    # one rounding to h's dtype (none when it is the add's compute dtype)
+    h = np.add(x, residual, dtype=adt).astype(h_dtype, copy=False)  # (..., D)
+    y, norm = _forward(h, gamma, beta, eps, centred, zero_centered_gamma)
+    cache = AddNormCache(norm=norm, dx_dtype=x.dtype, dresidual_dtype=residual.dtype)
+    return y.astype(x.dtype, copy=False).reshape(x.shape), h, cache
+
+
+def _add_backward(dy: object, dh: object, cache: object, centred: bool, producer: str
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """dx, dresidual, dgamma and dbeta of an add-norm (module docstring, item 7)."""
+    dy = _check_cache(dy, cache, AddNormCache, centred, producer)
+    if dh is not None:
+        dh = check_shape(dh, "dh", cache.x_shape, "the forward's h")
+    norm = cache.norm
+    # the norm's dx in the add's compute dtype, exactly: it is as wide as h's
+    adt = _add_dtype(cache.dx_dtype, cache.dresidual_dtype, norm.x_dtype)
+    total, dgamma, dbeta = _backward(dy, norm, adt)  # (M, D)
+    if dh is not None:
+        total += dh.reshape(total.shape)  # in the add's compute dtype; dh is not written
+    total = total.reshape(cache.x_shape)
+    # total is this call's own buffer, so dresidual may be it; dx is always a copy, so the two
+    # never alias each other, the cache or the inputs
+    dx = total.astype(cache.dx_dtype, copy=True)
+    dresidual = total.astype(cache.dresidual_dtype, copy=False)
+    return dx, dresidual, dgamma, dbeta
+
+
+def add_layer_norm_forward(
+    x: np.ndarray,
+    residual: np.ndarray,
+    gamma: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    eps: float = 1e-5,
+    *,
+    residual_dtype: str | np.dtype | None = None,
+    zero_centered_gamma: bool = False,
+) -> tuple[np.ndarray, np.ndarray, AddNormCache]:
+    """The residual add and the layer norm of its result: h = x + residual, y = layer_norm(h).
+
+    Args:
+        x: (..., D) floating array (a sublayer's output); never modified.
+        residual: floating array of x's shape, of any supported dtype; never modified.
+        gamma, beta, eps, zero_centered_gamma: as for :func:`layer_norm_forward`.
+        residual_dtype: h's dtype: None (x's dtype), a dtype name or a NumPy dtype, among
+            float16, bfloat16, float32 and float64.
+
+    Returns:
+        y: x's shape and dtype; equal to layer_norm_forward(h) rounded to x's dtype.
+        h: x + residual in residual_dtype, rounded once from the widest compute dtype of x,
+            residual and residual_dtype: the next block's residual.
+        cache: an :class:`AddNormCache` for :func:`add_layer_norm_backward`.
+    """
+    return _add_forward(x, residual, gamma, beta, eps, residual_dtype, zero_centered_gamma, True)
+
+
+def add_layer_norm_backward(
+    dy: np.ndarray, dh: np.ndarray | None, cache: AddNormCache
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Gradients of :func:`add_layer_norm_forward`.
+
+    Args:
+        dy: gradient of the loss w.r.t. y, x's shape; never modified.
+        dh: gradient reaching h from the residual stream, x's shape, or None (no such use);
+            never modified.
+        cache: the cache returned by :func:`add_layer_norm_forward`.
+
+    Returns:
+        dx: dh + the norm's dx w.r.t. h, in x's dtype.
+        dresidual: the same sum in residual's dtype; a distinct array (both rounded once from
+            the add's compute dtype).
+        dgamma: (D,) in gamma's dtype, or None when the forward had no gamma.
+        dbeta: (D,) in beta's dtype, or None when the forward had no beta.
+    """
+    return _add_backward(dy, dh, cache, True, "add_layer_norm_forward")
+
+
+def add_rms_norm_forward(
+    x: np.ndarray,
+    residual: np.ndarray,
+    gamma: np.ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    residual_dtype: str | np.dtype | None = None,
+    zero_centered_gamma: bool = False,
+) -> tuple[np.ndarray, np.ndarray, AddNormCache]:
+    """The residual add and the RMS norm of its result: h = x + residual, y = rms_norm(h).
+
+    Arguments and results as for :func:`add_layer_norm_forward`, without beta; y equals
+    rms_norm_forward(h) rounded to x's dtype.
+    """
+    return _add_forward(x, residual, gamma, None, eps, residual_dtype, zero_centered_gamma,
+                        False)
+
+
+def add_rms_norm_backward(
+    dy: np.ndarray, dh: np.ndarray | None, cache: AddNormCache
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Gradients of :func:`add_rms_norm_forward`: dx, dresidual and dgamma, as for
+    :func:`add_layer_norm_backward`."""
+    dx, dresidual, dgamma, _ = _add_backward(dy, dh, cache, False, "add_rms_norm_forward")
+    return dx, dresidual, dgamma
+
+
+class _Norm:
+    """What the stateful modules share: D, eps, gamma and the cache of the last forward.
+
+    ``gamma`` starts at ones, or at zeros with ``zero_centered_gamma`` (float64, shape (D,));
+    both mean scale = 1.
     """
 
-    def __init__(self, D: int, eps: float = 1e-5) -> None:
+    def __init__(self, D: int, eps: float, zero_centered_gamma: bool) -> None:
         if isinstance(D, bool) or not isinstance(D, (int, np.integer)):
             raise TypeError(f"D must be an integer, got {type(D).__name__}: {D!r}")
         if D < 1:
             raise ValueError(f"D must be >= 1, got {D}")
         self.D = int(D)
         self.eps = check_eps(eps)
-        self.gamma = np.ones(self.D)
-        self.beta = np.zeros(self.D)
+        self.zero_centered_gamma = check_flag(zero_centered_gamma, "zero_centered_gamma")
+        self.gamma = np.zeros(self.D) if self.zero_centered_gamma else np.ones(self.D)
         self.dgamma: np.ndarray | None = None
+        self._cache: NormCache | None = None
+
+    def _last_cache(self) -> NormCache:
+        if self._cache is None:
+            raise RuntimeError(f"{type(self).__name__}.backward called before forward")
+        return self._cache
+
+    def __repr__(self) -> str:
+        zc = ", zero_centered_gamma=True" if self.zero_centered_gamma else ""
+        return f"{type(self).__name__}(D={self.D}, eps={self.eps}{zc})"
+
+
+class LayerNorm(_Norm):
+    """A stateful layer norm for NumPy networks.
+
+    ``gamma`` starts at ones (zeros with ``zero_centered_gamma``) and ``beta`` at zeros
+    (float64, shape (D,)). ``forward`` keeps the cache; ``backward`` returns dx and stores
+    ``dgamma`` and ``dbeta``.
+    """
+
+    def __init__(self, D: int, eps: float = 1e-5, *, zero_centered_gamma: bool = False) -> None:
+        super().__init__(D, eps, zero_centered_gamma)
+        self.beta = np.zeros(self.D)
         self.dbeta: np.ndarray | None = None
-        self._cache: LayerNormCache | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """y for x of shape (..., D); keeps the cache for :meth:`backward`."""
-        y, self._cache = layer_norm_forward(x, self.gamma, self.beta, self.eps)
+        y, self._cache = layer_norm_forward(x, self.gamma, self.beta, self.eps,
+                                            zero_centered_gamma=self.zero_centered_gamma)
         return y
 
     __call__ = forward
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         """dx for the last :meth:`forward`; sets ``dgamma`` and ``dbeta``."""
-        if self._cache is None:
-            raise RuntimeError("LayerNorm.backward called before forward")
-        dx, self.dgamma, self.dbeta = layer_norm_backward(dy, self._cache)
+        dx, self.dgamma, self.dbeta = layer_norm_backward(dy, self._last_cache())
         return dx
 
-    def __repr__(self) -> str:
-        return f"LayerNorm(D={self.D}, eps={self.eps})"
+
+class RMSNorm(_Norm):
+    """A stateful RMS norm for NumPy networks.
+
+    ``gamma`` starts at ones (zeros with ``zero_centered_gamma``), float64, shape (D,).
+    ``forward`` keeps the cache; ``backward`` returns dx and stores ``dgamma``.
+    """
+
+    def __init__(self, D: int, eps: float = 1e-6, *, zero_centered_gamma: bool = False) -> None:
+        super().__init__(D, eps, zero_centered_gamma)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """y for x of shape (..., D); keeps the cache for :meth:`backward`."""
+        y, self._cache = rms_norm_forward(x, self.gamma, self.eps,
+                                          zero_centered_gamma=self.zero_centered_gamma)
+        return y
+
+    __call__ = forward
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        """dx for the last :meth:`forward`; sets ``dgamma``."""
+        dx, self.dgamma = rms_norm_backward(dy, self._last_cache())
+        return dx
