@@ -1,0 +1,367 @@
+"""The NumPy-facing API of the fused CPU kernels: argument checks, storage views, ``out=``.
+
+Same maths, signatures and results as :mod:`layernorm.reference` (within the tolerance table);
+only the caches differ. Each function checks its arguments, views each array as the kernels'
+storage (float16 and bfloat16 as their bits), runs one kernel and hands back arrays of the
+caller's dtypes. The caller's arrays are never written; ``out=`` arrays must not overlap them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._validate import (
+    Region,
+    check_dtype,
+    check_dy,
+    check_eps,
+    check_flag,
+    check_out,
+    check_param,
+    check_shape,
+    check_x,
+    region,
+)
+from ..dtypes import compute_dtype
+from ..family import NORMS, Norm
+from . import kernels
+from .kernels import HI, LO, NSTATS, RSTD, SCALE
+
+__all__ = [
+    "CpuNormCache",
+    "add_layer_norm_backward",
+    "add_layer_norm_forward",
+    "add_rms_norm_backward",
+    "add_rms_norm_forward",
+    "layer_norm_backward",
+    "layer_norm_forward",
+    "rms_norm_backward",
+    "rms_norm_forward",
+]
+
+
+@dataclass(frozen=True)
+class CpuNormCache:
+    """What the fused backward needs from the forward.
+
+    Attributes:
+        norm: the family member (:data:`layernorm.family.NORMS`) that ran.
+        x: (M, D) the normalized input as the kernels store it: the caller's own memory when
+            x was C-contiguous (h, the forward's output, for an add-norm), else a copy.
+        stats: (M, NSTATS) float64 per row: the mean as HI + LO (0 for RMSNorm), RSTD and SCALE.
+        check: (M,) uint64 per row: a checksum of x's bits. The backward recomputes it and
+            raises ValueError if x changed in between, rather than differentiate a forward
+            that did not run.
+        scale: (D,) gamma (or 1 + gamma) in the compute dtype, a copy taken by the forward
+            (ones without gamma): changing gamma afterwards does not change the backward.
+        gamma_dtype: dtype of gamma, or None without gamma (then dgamma is None).
+        beta_dtype: dtype of beta, or None without beta (then dbeta is None).
+        x_shape: shape of the forward's x; dy must have this shape.
+        x_dtype: dtype of the forward's x; dx is returned in it.
+        residual_dtype: dtype of the add-norm's residual (dresidual is returned in it), or None.
+        owns_x: True when ``x`` is a copy made by the forward (counted in ``nbytes``).
+        inputs: where the caller's arrays live, so that the backward's ``out=`` is refused
+            when it overlaps them.
+    """
+
+    norm: Norm
+    x: np.ndarray
+    stats: np.ndarray
+    check: np.ndarray
+    scale: np.ndarray
+    gamma_dtype: np.dtype | None
+    beta_dtype: np.dtype | None
+    x_shape: tuple[int, ...]
+    x_dtype: np.dtype
+    residual_dtype: np.dtype | None
+    owns_x: bool
+    inputs: tuple[Region, ...] = ()
+
+    @property
+    def mean(self) -> np.ndarray:
+        """(M,) float64 row means (HI + LO rounded to float64, unscaled; 0 for RMSNorm)."""
+        s = self.stats
+        return (s[:, HI] + s[:, LO]) / s[:, SCALE]
+
+    @property
+    def rstd(self) -> np.ndarray:
+        """(M,) float64 1/sqrt(var + eps) (LayerNorm) or 1/sqrt(mean(x²) + eps) (RMSNorm)."""
+        return self.stats[:, RSTD] * self.stats[:, SCALE]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds of its own: stats, checksums and scale, and x when a copy."""
+        own = self.stats.nbytes + self.check.nbytes + self.scale.nbytes
+        return own + (self.x.nbytes if self.owns_x else 0)
+
+
+_BITS = {"float16": np.uint16, "bfloat16": np.int16}  # half dtypes travel as their bits
+
+
+def _storage(a: np.ndarray) -> np.ndarray:
+    """C-contiguous ``a`` as the kernels read it: float16/bfloat16 viewed as their bits."""
+    bits = _BITS.get(a.dtype.name)
+    return a if bits is None else a.view(bits)
+
+
+def _contiguous(a: np.ndarray, dtype: np.dtype | None = None) -> tuple[np.ndarray, bool]:
+    """``a`` as a native C-contiguous array (of ``dtype`` when given), and whether it was
+    copied."""
+    dtype = a.dtype if dtype is None else dtype
+    if a.dtype == dtype and a.flags.c_contiguous:
+        return a, False
+    return np.ascontiguousarray(a, dtype=dtype), True
+
+
+def _none(m: int, dtype: np.dtype) -> np.ndarray:
+    """An (M, 0) stand-in for an absent (M, D) array: its rows are empty."""
+    return np.empty((m, 0), dtype)
+
+
+def _wider(*dtypes: np.dtype) -> np.dtype:
+    """The widest of the compute dtypes of ``dtypes``."""
+    return max((compute_dtype(d) for d in dtypes), key=lambda d: d.itemsize)
+
+
+def _output(out: object, name: str, shape: tuple[int, ...], dtype: np.dtype,
+            callers: tuple[object, ...], why: str) -> np.ndarray:
+    """``out`` checked, or a fresh array, of ``shape`` and ``dtype``."""
+    if out is None:
+        return np.empty(shape, dtype)
+    return check_out(out, shape, dtype, name, callers, why)
+
+
+_OVERLAP = "(the caller's arrays are never written, and the backward reads x)"
+
+
+def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: object, eps: object,
+             zero_centered_gamma: bool, residual_dtype: object, out: object, out_h: object,
+             ) -> tuple[np.ndarray, np.ndarray | None, CpuNormCache]:
+    given = (x, residual, gamma, beta)  # the caller's objects, before any conversion
+    x = check_x(x)
+    d = x.shape[-1]
+    gamma = check_param(gamma, "gamma", d)
+    beta = check_param(beta, "beta", d) if norm.centred else None
+    zero_centered_gamma = check_flag(zero_centered_gamma, "zero_centered_gamma")
+    if norm.residual:
+        residual = check_shape(residual, "residual", x.shape, "x")
+        h_dtype = check_dtype(residual_dtype, "residual_dtype", x.dtype)
+    cdt = compute_dtype(h_dtype if norm.residual else x.dtype)
+    eps = check_eps(eps, cdt)
+    # the caller's objects, and the arrays made of them (an array-like's memory is only
+    # visible through its array)
+    callers = (*given, x, residual, gamma, beta)
+    y = _output(out, "out", x.shape, x.dtype, callers, _OVERLAP)
+    xc, copied = _contiguous(x)
+    m = xc.size // d
+    x2 = _storage(xc).reshape(m, d)  # (M, D)
+    if gamma is None:
+        scale = np.ones(d, cdt)  # (D,)
+    elif zero_centered_gamma:
+        scale = gamma.astype(cdt) + cdt.type(1)  # (D,) 1 + gamma, never rounded to half
+    else:
+        scale = np.array(gamma, dtype=cdt)  # (D,) a copy: the backward differentiates this
+    beta_c = np.zeros(d, cdt) if beta is None else _contiguous(beta, cdt)[0]  # (D,)
+    h = None
+    if norm.residual:
+        h = _output(out_h, "out_h", x.shape, h_dtype, (*callers, y), _OVERLAP)
+        r2 = _storage(_contiguous(residual)[0]).reshape(m, d)  # (M, D)
+        h2 = _storage(h).reshape(m, d)  # (M, D)
+        zp = _wider(x.dtype, residual.dtype, h_dtype).type(0)
+    else:
+        r2 = h2 = _none(m, x2.dtype)
+        zp = cdt.type(0)
+    stats = np.empty((m, NSTATS))  # (M, NSTATS) float64
+    check = np.empty(m, np.uint64)  # (M,)
+    kernels.forward_kernel(x2, r2, zp, scale, beta_c, eps, norm.centred, _storage(y).reshape(m, d),
+                           h2, stats, check)
+    cache = CpuNormCache(
+        norm=norm, x=h2 if norm.residual else x2, stats=stats, check=check, scale=scale,
+        gamma_dtype=None if gamma is None else gamma.dtype,
+        beta_dtype=None if beta is None else beta.dtype,
+        x_shape=x.shape, x_dtype=x.dtype,
+        residual_dtype=residual.dtype if norm.residual else None,
+        owns_x=copied and not norm.residual,
+        inputs=tuple(r for r in map(region, callers) if r is not None),
+    )
+    return y, h, cache
+
+
+def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
+              out_dresidual: object) -> tuple[np.ndarray, np.ndarray | None,
+                                              np.ndarray | None, np.ndarray | None]:
+    given = (dy, dh)
+    producer = f"layernorm.cpu.{norm.name}_forward"
+    dy = check_dy(dy, cache, CpuNormCache, producer)
+    if cache.norm != norm:
+        raise ValueError(f"cache must come from {producer}, got one from "
+                         f"layernorm.cpu.{cache.norm.name}_forward")
+    if dh is not None:
+        dh = check_shape(dh, "dh", cache.x_shape, "h")
+    m, d = cache.x.shape
+    avoid = (*given, dy, dh, cache.x, cache.scale, *cache.inputs)
+    dx = _output(out, "out", cache.x_shape, cache.x_dtype, avoid, _OVERLAP)
+    dres = None
+    if norm.residual:
+        dres = _output(out_dresidual, "out_dresidual", cache.x_shape, cache.residual_dtype,
+                       (*avoid, dx), _OVERLAP)
+    # dy in x's storage dtype, or else in the compute dtype (one kernel per pairing)
+    cdt = cache.scale.dtype
+    dy2 = _storage(_contiguous(dy, dy.dtype if dy.dtype in (cache.x_dtype, cdt) else cdt)[0])
+    if dh is None:
+        dh2 = _none(m, cdt)
+    else:  # dh in h's storage dtype, or else in the compute dtype
+        dhc = _contiguous(dh)[0]
+        if _storage(dhc).dtype != cache.x.dtype and dh.dtype != cdt:
+            dhc = dhc.astype(cdt)
+        dh2 = _storage(dhc).reshape(m, d)
+    dres2 = _none(m, cdt) if dres is None else _storage(dres).reshape(m, d)
+    partial = np.empty((kernels.n_chunks(m), 2, d))  # (C, 2, D) float64
+    ok = np.empty(m, np.bool_)  # (M,)
+    kernels.backward_kernel(cache.x, dy2.reshape(m, d), dh2, cache.scale, cache.stats,
+                            cache.check, norm.centred, _storage(dx).reshape(m, d), dres2,
+                            partial, ok)
+    if not ok.all():
+        what = "h (the forward's output)" if norm.residual else "x"
+        raise ValueError(f"{what} changed between the forward and the backward (row "
+                         f"{int(np.argmin(ok))} first): the backward would differentiate a "
+                         f"forward that did not run; keep it unchanged until the backward, or "
+                         f"pass a copy to the forward")
+    sums = np.empty((2, d))  # (2, D) float64: dgamma, dbeta
+    kernels.reduce_chunks(partial, sums)
+    dgamma = None if cache.gamma_dtype is None else sums[0].astype(cache.gamma_dtype)  # (D,)
+    dbeta = None if cache.beta_dtype is None else sums[1].astype(cache.beta_dtype)  # (D,)
+    return dx, dres, dgamma, dbeta
+
+
+_LN, _RMS = NORMS["layer_norm"], NORMS["rms_norm"]
+_ADD_LN, _ADD_RMS = NORMS["add_layer_norm"], NORMS["add_rms_norm"]
+
+
+def layer_norm_forward(
+    x: np.ndarray,
+    gamma: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    eps: float = 1e-5,
+    *,
+    zero_centered_gamma: bool = False,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, CpuNormCache]:
+    """Layer norm over the last axis of ``x``, fused: one parallel pass over the rows.
+
+    Args:
+        x: (..., D) floating array with at least one axis; never modified. The cache refers to
+            it (no copy when C-contiguous): the backward raises ValueError if it changed.
+        gamma: (D,) scale, or None. The cache keeps a copy (of 1 + gamma with
+            ``zero_centered_gamma``, formed in the compute dtype).
+        beta: (D,) shift, or None.
+        eps: finite positive number added to the variance.
+        zero_centered_gamma: scale by 1 + gamma instead of gamma.
+        out: optional C-contiguous array of x's shape and dtype that receives y; it must not
+            overlap x, gamma or beta.
+
+    Returns:
+        y: x's shape and dtype (``out`` when given); cache: for :func:`layer_norm_backward`.
+    """
+    y, _, cache = _forward(_LN, x, None, gamma, beta, eps, zero_centered_gamma, None, out, None)
+    return y, cache
+
+
+def layer_norm_backward(
+    dy: np.ndarray, cache: CpuNormCache, *, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """dx, dgamma, dbeta of layer norm given dL/dy and the forward's cache, fused.
+
+    ``out`` (optional, x's shape and dtype, C-contiguous) receives dx; it must not overlap dy
+    nor the forward's arrays. dgamma and dbeta are None where the forward had no gamma, beta.
+    """
+    dx, _, dgamma, dbeta = _backward(_LN, dy, None, cache, out, None)
+    return dx, dgamma, dbeta
+
+
+def rms_norm_forward(
+    x: np.ndarray,
+    gamma: np.ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    zero_centered_gamma: bool = False,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, CpuNormCache]:
+    """RMSNorm over the last axis of ``x``, fused: y = scale * x / sqrt(mean(x²) + eps).
+
+    Arguments and results as :func:`layer_norm_forward`, without beta.
+    """
+    y, _, cache = _forward(_RMS, x, None, gamma, None, eps, zero_centered_gamma, None, out, None)
+    return y, cache
+
+
+def rms_norm_backward(
+    dy: np.ndarray, cache: CpuNormCache, *, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """dx, dgamma of RMSNorm given dL/dy and the forward's cache, fused (``out`` as in
+    :func:`layer_norm_backward`)."""
+    dx, _, dgamma, _ = _backward(_RMS, dy, None, cache, out, None)
+    return dx, dgamma
+
+
+def add_layer_norm_forward(
+    x: np.ndarray,
+    residual: np.ndarray,
+    gamma: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    eps: float = 1e-5,
+    *,
+    residual_dtype: object = None,
+    zero_centered_gamma: bool = False,
+    out: np.ndarray | None = None,
+    out_h: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, CpuNormCache]:
+    """h = x + residual (rounded once to ``residual_dtype``, default x's dtype), then layer
+    norm of h, fused in one pass.
+
+    Returns y (x's dtype; ``out`` when given), h (``out_h`` when given) and the cache, which
+    refers to h: the backward raises ValueError if h changed in between.
+    """
+    return _forward(_ADD_LN, x, residual, gamma, beta, eps, zero_centered_gamma,
+                    residual_dtype, out, out_h)
+
+
+def add_layer_norm_backward(
+    dy: np.ndarray, dh: np.ndarray | None, cache: CpuNormCache, *,
+    out: np.ndarray | None = None, out_dresidual: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """dx, dresidual, dgamma, dbeta of :func:`add_layer_norm_forward`: dx = dresidual = dh +
+    the norm's gradient, in x's and residual's dtypes (dh may be None)."""
+    return _backward(_ADD_LN, dy, dh, cache, out, out_dresidual)
+
+
+def add_rms_norm_forward(
+    x: np.ndarray,
+    residual: np.ndarray,
+    gamma: np.ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    residual_dtype: object = None,
+    zero_centered_gamma: bool = False,
+    out: np.ndarray | None = None,
+    out_h: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, CpuNormCache]:
+    """h = x + residual, then RMSNorm of h, fused (as :func:`add_layer_norm_forward`)."""
+    return _forward(_ADD_RMS, x, residual, gamma, None, eps, zero_centered_gamma,
+                    residual_dtype, out, out_h)
+
+
+def add_rms_norm_backward(
+    dy: np.ndarray, dh: np.ndarray | None, cache: CpuNormCache, *,
+    out: np.ndarray | None = None, out_dresidual: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """dx, dresidual, dgamma of :func:`add_rms_norm_forward` (as
+    :func:`add_layer_norm_backward`)."""
+    dx, dres, dgamma, _ = _backward(_ADD_RMS, dy, dh, cache, out, out_dresidual)
+    return dx, dres, dgamma
+
+
+_FORWARD = {"layer_norm": layer_norm_forward, "rms_norm": rms_norm_forward}
+_BACKWARD = {"layer_norm": layer_norm_backward, "rms_norm": rms_norm_backward}

@@ -1,0 +1,596 @@
+r"""Numba kernels for the family of norms: one parallel pass over the rows each way.
+
+For one row of length D, T the compute dtype (float32; float64 for float64 input), scale = gamma
+or 1 + gamma, and centred = True for LayerNorm, False for RMSNorm (then hi = lo = c = 0):
+
+    forward   [add]  h_j = x_j + r_j rounded once to h's dtype; the row below is h
+              A  m0 = T(sum_j x_j / D)                     (centred only)
+              B  s1 = sum_j (x_j - m0), s2 = sum_j (x_j - m0)^2, c = s1 / D
+                 hi + lo = m0 + c (two T numbers), var = s2 / D - c^2, rstd = 1/sqrt(var + eps)
+              C  y_j = scale_j * ((x_j - hi) - lo) * rstd + beta_j
+    backward  1  u_j = dy_j * scale_j, su = sum_j u_j, sut = sum_j u_j * (x_j - hi)
+                 mean(g) = su / D (centred only), mean(g * xhat) = rstd * (sut - lo * su) / D
+              2  dx_j = rstd * ((u_j - mean(g)) - xhat_j * mean(g * xhat)) [+ dh_j for add-norms]
+                 dgamma_j += dy_j * xhat_j, dbeta_j += dy_j  (float64 partials per row chunk)
+
+Code paths (docs/cpu-kernels.md has the reasons and the measurements):
+- every row: the three sweeps above, sums in blocks of BLOCK elements in T joined in float64;
+- rows whose T sums overflow (or hold inf/NaN): statistics and y in float64 on x * 2**-e;
+- backward tiles of TILE rows share one sweep over the float64 partials; a tile with a scaled
+  row, or whose T sums are not finite, goes row by row, the same additions in the same order;
+- rows whose backward T sums overflow: dx in float64 on a power-of-two scaling of dy;
+- dgamma/dbeta: ``n_chunks(M)`` row chunks of float64 partials, summed in chunk order.
+
+Storage: float32 and float64 arrays are read as they are; float16 travels as its bits in a
+uint16 array and bfloat16 as its bits in an int16 array, converted to and from float32 inside
+the kernels (``_ld``, ``_to``), so half inputs cost no extra pass. Each row also gets a
+checksum of its bits, so that a backward can tell that its x changed since the forward.
+Results are bit-identical run to run and for any thread count on one machine.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+BLOCK = 1024  # elements summed in T before the block total joins a float64 sum
+SPAN = 256  # elements of an output sweep between prefetch bursts (16 cache lines of float32)
+LINE_BYTES = 64  # cache line; prefetches are issued one per line
+ROWS_PER_CHUNK = 32  # fewest rows in a backward chunk
+MAX_CHUNKS = 16  # most chunks: float64 partial traffic stays ~1% of the bytes for M >= 4096
+TILE = 4  # rows of a backward tile: its dgamma/dbeta terms join the float64 partials together
+
+# Per-row statistics, one row of ``stats`` (M, NSTATS) float64 per row: the mean as an
+# unevaluated sum HI + LO of two T numbers, RSTD, and SCALE (the power of two the row was scaled
+# by, 1 except on rows whose T sums overflow). Beside it, ``check`` (M,) uint64: each row's
+# checksum.
+HI, LO, RSTD, SCALE = 0, 1, 2, 3
+NSTATS = 4
+
+
+# --- element conversion: storage <-> compute -------------------------------------------------
+
+@intrinsic
+def _ld(typingctx, v):
+    """An element as a compute value: float16 bits (uint16) and bfloat16 bits (int16) become
+    float32 exactly; float32 and float64 are returned as they are."""
+    if v in (types.float32, types.float64):
+        return v(v), lambda context, builder, sig, args: args[0]
+    if v == types.uint16:
+        def f16(context, builder, sig, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return types.float32(v), f16
+    if v == types.int16:
+        def bf16(context, builder, sig, args):
+            w = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+            return builder.bitcast(w, ir.FloatType())
+        return types.float32(v), bf16
+    return None
+
+
+def _as_float32(builder, v):
+    """IR: float32 ``v``, or float64 ``v`` rounded to float32 to odd (toward zero, then the last
+    bit set if inexact), so that a second rounding to a half type rounds once in effect."""
+    if v.type == ir.FloatType():
+        return v
+    i32 = ir.IntType(32)
+    f = builder.fptrunc(v, ir.FloatType())  # to nearest
+    back = builder.fpext(f, ir.DoubleType())
+    inexact = builder.fcmp_ordered("one", back, v)
+    positive = builder.fcmp_ordered("ogt", v, ir.Constant(ir.DoubleType(), 0.0))
+    up = builder.select(positive, builder.fcmp_ordered("ogt", back, v),
+                        builder.fcmp_ordered("olt", back, v))  # rounded away from zero
+    u = builder.bitcast(f, i32)
+    u = builder.select(up, builder.sub(u, i32(1)), u)
+    u = builder.select(inexact, builder.or_(u, i32(1)), u)
+    return builder.bitcast(u, ir.FloatType())
+
+
+@intrinsic
+def _to(typingctx, v, like):
+    """``v`` (float32 or float64) rounded once, to nearest even, to the type of ``like``: a
+    float type, float16 bits (uint16) or bfloat16 bits (int16)."""
+    if v not in (types.float32, types.float64):
+        return None
+    if like in (types.float32, types.float64):
+        def cast(context, builder, sig, args):
+            return context.cast(builder, args[0], sig.args[0], sig.return_type)
+        return like(v, like), cast
+    if like == types.uint16:
+        def f16(context, builder, sig, args):
+            f = _as_float32(builder, args[0])
+            return builder.bitcast(builder.fptrunc(f, ir.HalfType()), ir.IntType(16))
+        return types.uint16(v, like), f16
+    if like == types.int16:
+        def bf16(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            f = _as_float32(builder, args[0])
+            u = builder.bitcast(f, i32)
+            odd = builder.and_(builder.lshr(u, i32(16)), i32(1))
+            rounded = builder.add(u, builder.add(odd, i32(0x7FFF)))
+            nan = builder.fcmp_unordered("uno", f, f)
+            quiet = builder.or_(u, i32(0x00400000))  # a NaN stays a NaN, quiet
+            w = builder.select(nan, quiet, rounded)
+            return builder.trunc(builder.lshr(w, i32(16)), ir.IntType(16))
+        return types.int16(v, like), bf16
+    return None
+
+
+@intrinsic
+def _bits(typingctx, v):
+    """The bits of an element as uint64 (zero-extended)."""
+    width = {types.float32: 32, types.float64: 64, types.uint16: 16, types.int16: 16}.get(v)
+    if width is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        w = builder.bitcast(args[0], ir.IntType(width)) if width > 16 else args[0]
+        return w if width == 64 else builder.zext(w, ir.IntType(64))
+    return types.uint64(v), codegen
+
+
+@intrinsic
+def _prefetch(typingctx, arr, idx):
+    """Prefetch the cache line holding ``arr[idx]`` (a hint: never faults)."""
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
+                                       wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        # read (0), locality 2 (prefetcht1: L2 and outward), data cache (1)
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(2), i32(1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, idx), codegen
+
+
+@njit(cache=True)
+def _prefetch_span(row, j0, j1):
+    """Prefetch the lines of ``row[j0:j1]`` (row: (D,); an empty row is skipped)."""
+    if row.shape[0] == 0:
+        return
+    step = max(1, LINE_BYTES // row.itemsize)
+    for k in range(j0, min(j1, row.shape[0]), step):
+        _prefetch(row, k)
+
+
+# --- row reductions ----------------------------------------------------------------------
+# Loops index views from 0 (``blk[j]``, j in range(n)) so Numba can prove the index
+# non-negative and drop its negative-index wraparound, which blocks vectorisation. ``z`` is a
+# zero of the compute dtype T.
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _sum(row, z):
+    """sum_j row_j: T sums of BLOCK elements added in float64 (row: (D,) storage)."""
+    s = 0.0
+    for j0 in range(0, row.shape[0], BLOCK):
+        blk = row[j0:j0 + BLOCK]  # (<= BLOCK,)
+        b = z
+        for j in range(blk.shape[0]):
+            b += _ld(blk[j])
+        s += b
+    return s
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _sum_centred(row, m0, z):
+    """(sum_j d_j, sum_j d_j^2, checksum) with d = row - m0 in T (row: (D,) storage; m0, z: T).
+
+    The checksum is sum_j bits(row_j) * (2j + 1) mod 2**64: any change of one element changes
+    it (2j + 1 is odd, so invertible mod 2**64).
+    """
+    s1 = 0.0
+    s2 = 0.0
+    ck = np.uint64(0)
+    for j0 in range(0, row.shape[0], BLOCK):
+        blk = row[j0:j0 + BLOCK]  # (<= BLOCK,)
+        b1 = z
+        b2 = z
+        w0 = np.uint64(2 * j0 + 1)
+        for j in range(blk.shape[0]):
+            d = _ld(blk[j]) - m0
+            b1 += d
+            b2 += d * d
+            ck += _bits(blk[j]) * (w0 + np.uint64(2 * j))
+        s1 += b1
+        s2 += b2
+    return s1, s2, ck
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _sum_grad(xr, dyr, scale, hi, z):
+    """(sum_j u_j, sum_j u_j (x_j - hi), checksum of x) with u = dy * scale (all (D,))."""
+    s1 = 0.0
+    s2 = 0.0
+    ck = np.uint64(0)
+    for j0 in range(0, xr.shape[0], BLOCK):
+        xb = xr[j0:j0 + BLOCK]  # (<= BLOCK,)
+        db = dyr[j0:j0 + BLOCK]
+        gb = scale[j0:j0 + BLOCK]
+        b1 = z
+        b2 = z
+        w0 = np.uint64(2 * j0 + 1)
+        for j in range(xb.shape[0]):
+            u = _ld(db[j]) * gb[j]
+            b1 += u
+            b2 += u * (_ld(xb[j]) - hi)
+            ck += _bits(xb[j]) * (w0 + np.uint64(2 * j))
+        s1 += b1
+        s2 += b2
+    return s1, s2, ck
+
+
+@njit(cache=True)
+def _split_mean(m0, c, z):
+    """(hi, lo), two T numbers with hi + lo = m0 + c to about u_T**2 (m0, c: float64).
+
+    m0 + c is formed exactly as s + err (Knuth's two-sum) before rounding to T: for float64
+    T, rounding m0 + c to one float64 would lose the correction c, which is below an ulp of m0.
+    """
+    s = m0 + c
+    bb = s - m0
+    err = (m0 - (s - bb)) + (c - bb)
+    hi = _to(s, z)
+    return hi, _to((s - hi) + err, z)
+
+
+@njit(cache=True)
+def _row_stats(xr, eps, centred, z):
+    """(hi, lo, rstd, finite, checksum) of one row (xr: (D,)), corrected two-pass."""
+    D = xr.shape[0]
+    m0 = _to(_sum(xr, z) / D, z) if centred else z
+    s1, s2, ck = _sum_centred(xr, m0, z)
+    c = s1 / D if centred else 0.0
+    var = max(s2 / D - c * c, 0.0)  # a variance: rounding must not take it below 0
+    hi, lo = _split_mean(np.float64(m0), c, z)
+    return hi, lo, 1.0 / np.sqrt(var + eps), np.isfinite(m0 + c) and np.isfinite(var), ck
+
+
+# Rows whose T sums overflow (|x - mean| above ~1.8e19/sqrt(D) in float32, ~1.3e154/sqrt(D)
+# in float64), or hold inf or NaN, are normalized as xs = x * 2**-e in float64, max|xs| < 1,
+# with eps * 4**-e: a power-of-two scaling is exact and leaves xhat unchanged. Their statistics
+# (HI, LO, RSTD) belong to xs, and xhat = ((x * SCALE - HI) - LO) * RSTD; the true rstd is
+# RSTD * SCALE. Constant rows of a centred norm are caught first: xhat = 0 exactly and
+# rstd = 1/sqrt(eps), whatever the scale, so they keep SCALE = 1 and the T paths.
+
+
+@njit(cache=True)
+def _scaled_row(xr, scale):
+    """x * scale as a new float64 row (exact for a power of two, unless it underflows)."""
+    xs = np.empty(xr.shape[0])
+    for j in range(xr.shape[0]):
+        xs[j] = np.float64(_ld(xr[j])) * scale
+    return xs
+
+
+@njit(cache=True)
+def _scaled_stats(xr, eps, centred, st):
+    """Fill ``st`` (NSTATS,) for a row whose T sums overflow (xr: (D,)); return the
+    scaled row (D,) float64, or an empty row for a constant centred row (it keeps T paths)."""
+    x0 = np.float64(_ld(xr[0]))
+    amax = 0.0
+    constant = centred
+    for j in range(xr.shape[0]):
+        v = np.float64(_ld(xr[j]))
+        amax = max(amax, abs(v))
+        constant = constant and v == x0
+    if constant and np.isfinite(x0):
+        st[HI], st[LO], st[RSTD], st[SCALE] = x0, 0.0, 1.0 / math.sqrt(eps), 1.0
+        return np.empty(0)
+    e = math.frexp(amax)[1] if np.isfinite(amax) else 0
+    scale = math.ldexp(1.0, -e)
+    xs = _scaled_row(xr, scale)
+    hi, lo, r, _, _ = _row_stats(xs, math.ldexp(eps, -2 * e), centred, 0.0)
+    st[HI], st[LO], st[RSTD], st[SCALE] = hi, lo, r, scale
+    return xs
+
+
+# --- forward -----------------------------------------------------------------------------
+
+@njit(cache=True)
+def _add_row(xr, rr, hr, zp):
+    """h = x + residual in the type of ``zp`` (the widest of x's, residual's and h's compute
+    dtypes), rounded once to h (all (D,))."""
+    hz = hr.dtype.type(0)
+    for j in range(xr.shape[0]):
+        hr[j] = _to(_to(_ld(xr[j]), zp) + _to(_ld(rr[j]), zp), hz)
+
+
+@njit(fastmath={"contract"}, cache=True)
+def _write_y(xr, hi, lo, rc, scale, beta, yr, nxt):
+    """y = ((x - hi) * rstd - lo * rstd) * scale + beta, rounded to y's storage (all (D,)).
+
+    Prefetches the next row ``nxt`` (D,).
+    """
+    D = xr.shape[0]
+    nlr = -lo * rc
+    yz = yr.dtype.type(0)
+    for j0 in range(0, D, SPAN):
+        xb = xr[j0:j0 + SPAN]  # (<= SPAN,)
+        gb = scale[j0:j0 + SPAN]
+        bb = beta[j0:j0 + SPAN]
+        yb = yr[j0:j0 + SPAN]
+        for j in range(xb.shape[0]):
+            yb[j] = _to(((_ld(xb[j]) - hi) * rc + nlr) * gb[j] + bb[j], yz)
+        _prefetch_span(nxt, j0, j0 + SPAN)
+
+
+@njit(cache=True)
+def _forward_row(xr, eps, centred, scale, beta, yr, st, nxt):
+    """y of one row (xr, yr: (D,)); fills st (NSTATS,); returns the row's checksum."""
+    z = scale.dtype.type(0)
+    hi, lo, r, finite, ck = _row_stats(xr, eps, centred, z)
+    if finite:
+        st[HI], st[LO], st[RSTD], st[SCALE] = hi, lo, r, 1.0
+        _write_y(xr, hi, lo, _to(r, z), scale, beta, yr, nxt)
+        return ck
+    xs = _scaled_stats(xr, eps, centred, st)
+    if xs.shape[0] == 0:  # constant row: xhat = 0
+        _write_y(xr, _to(st[HI], z), z, _to(st[RSTD], z), scale, beta, yr, nxt)
+    else:  # float64 arithmetic on the scaled row, y rounded once
+        _write_y(xs, st[HI], st[LO], st[RSTD], scale, beta, yr, nxt)
+    return ck
+
+
+@njit(parallel=True, cache=True)
+def forward_kernel(x, residual, zp, scale, beta, eps, centred, y, h, stats, check):
+    """Fill y (M, D), stats (M, NSTATS) float64, check (M,) uint64, and h for an add-norm.
+
+    x: (M, D) storage; residual and h: (M, D) storage for an add-norm, else (M, 0) (then the
+    norm is of x); zp: a zero of the dtype the add is computed in; scale, beta: (D,) T (ones
+    and zeros stand in for absent parameters).
+    """
+    M = x.shape[0]
+    for i in prange(M):
+        nxt = x[min(i + 1, M - 1)]
+        if residual.shape[1] > 0:  # the norm of h, as rounded: the backward reads the same
+            _add_row(x[i], residual[i], h[i], zp)
+            check[i] = _forward_row(h[i], eps, centred, scale, beta, y[i], stats[i], nxt)
+        else:
+            check[i] = _forward_row(x[i], eps, centred, scale, beta, y[i], stats[i], nxt)
+
+
+# --- backward ----------------------------------------------------------------------------
+
+@njit(cache=True)
+def _write_dx(xr, dyr, dhr, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, ndy):
+    """dx = rstd * ((u - mean_g) - xhat * mean_gxhat) [+ dh]; pg += dy * xhat; pb += dy.
+
+    xr, dyr, scale, dxr: (D,); dhr, drr: (D,) for an add-norm (dx also written to drr), else
+    empty; pg, pb: (D,) float64. Prefetches the next row's x and dy (``nx``, ``ndy``). No FMA
+    contraction: fusing dy * scale - mean_g would use the unrounded product where mean_g summed
+    the rounded one (for D = 1, dx != 0).
+    """
+    D = xr.shape[0]
+    add = dhr.shape[0] > 0
+    two = drr.shape[0] > 0
+    xz = dxr.dtype.type(0)
+    rz = drr.dtype.type(0)
+    for j0 in range(0, D, SPAN):
+        xb = xr[j0:j0 + SPAN]  # (<= SPAN,)
+        db = dyr[j0:j0 + SPAN]
+        gb = scale[j0:j0 + SPAN]
+        ob = dxr[j0:j0 + SPAN]
+        pgb = pg[j0:j0 + SPAN]
+        pbb = pb[j0:j0 + SPAN]
+        for j in range(xb.shape[0]):
+            dy = _ld(db[j])
+            xhat = ((_ld(xb[j]) - hi) - lo) * rc
+            v = rc * ((dy * gb[j] - mg) - xhat * mgx)
+            if add:
+                v += _ld(dhr[j0 + j])
+            ob[j] = _to(v, xz)
+            if two:
+                drr[j0 + j] = _to(v, rz)
+            pgb[j] += dy * xhat  # the product rounded to T, as in the reference
+            pbb[j] += dy
+        _prefetch_span(nx, j0, j0 + SPAN)
+        _prefetch_span(ndy, j0, j0 + SPAN)
+
+
+@njit(cache=True)
+def _write_dx_tile(xt, dyt, scale, st, dxt, pg, pb):
+    """dx for TILE rows at once, and their dgamma/dbeta terms added to pg, pb row by row.
+
+    xt, dyt, dxt: (TILE, D); scale: (D,) T; st: (TILE, 5) T, per row (hi, lo, rstd, mean_g,
+    mean_gxhat); pg, pb: (D,) float64. Each partial is loaded once, gets the TILE rows' terms
+    added in row order (the same additions, in the same order, as TILE calls of _write_dx) and
+    is stored once. The rows are unrolled by hand so that LLVM vectorises over j.
+    """
+    D = xt.shape[1]
+    xz = dxt.dtype.type(0)
+    h0, l0, r0, g0, q0 = st[0, 0], st[0, 1], st[0, 2], st[0, 3], st[0, 4]
+    h1, l1, r1, g1, q1 = st[1, 0], st[1, 1], st[1, 2], st[1, 3], st[1, 4]
+    h2, l2, r2, g2, q2 = st[2, 0], st[2, 1], st[2, 2], st[2, 3], st[2, 4]
+    h3, l3, r3, g3, q3 = st[3, 0], st[3, 1], st[3, 2], st[3, 3], st[3, 4]
+    for j0 in range(0, D, SPAN):
+        j1 = min(D, j0 + SPAN)
+        a0, a1, a2, a3 = xt[0, j0:j1], xt[1, j0:j1], xt[2, j0:j1], xt[3, j0:j1]  # (<= SPAN,)
+        b0, b1, b2, b3 = dyt[0, j0:j1], dyt[1, j0:j1], dyt[2, j0:j1], dyt[3, j0:j1]
+        c0, c1, c2, c3 = dxt[0, j0:j1], dxt[1, j0:j1], dxt[2, j0:j1], dxt[3, j0:j1]
+        gb = scale[j0:j1]
+        pgb = pg[j0:j1]
+        pbb = pb[j0:j1]
+        for j in range(a0.shape[0]):
+            g = gb[j]
+            sg = pgb[j]
+            sb = pbb[j]
+            dy = _ld(b0[j])
+            xhat = ((_ld(a0[j]) - h0) - l0) * r0
+            c0[j] = _to(r0 * ((dy * g - g0) - xhat * q0), xz)
+            sg += dy * xhat  # the product rounded to T, as in _write_dx
+            sb += dy
+            dy = _ld(b1[j])
+            xhat = ((_ld(a1[j]) - h1) - l1) * r1
+            c1[j] = _to(r1 * ((dy * g - g1) - xhat * q1), xz)
+            sg += dy * xhat
+            sb += dy
+            dy = _ld(b2[j])
+            xhat = ((_ld(a2[j]) - h2) - l2) * r2
+            c2[j] = _to(r2 * ((dy * g - g2) - xhat * q2), xz)
+            sg += dy * xhat
+            sb += dy
+            dy = _ld(b3[j])
+            xhat = ((_ld(a3[j]) - h3) - l3) * r3
+            c3[j] = _to(r3 * ((dy * g - g3) - xhat * q3), xz)
+            sg += dy * xhat
+            sb += dy
+            pgb[j] = sg
+            pbb[j] = sb
+
+
+@njit(cache=True)
+def _backward_row_f64(xr, dyr, dhr, scale, st, centred, dxr, drr, pg, pb):
+    """Row dx and its dgamma/dbeta terms in float64, on x * SCALE (all (D,); st: (NSTATS,)).
+
+    For scaled rows, and for rows whose T sums of the backward overflow (dy near the top of
+    the range: the sums here run on a power-of-two scaling of dy).
+    """
+    D = xr.shape[0]
+    hi, lo, r, scale_x = st[HI], st[LO], st[RSTD], st[SCALE]
+    xs = _scaled_row(xr, scale_x)  # (D,) float64
+    gs = _scaled_row(scale, 1.0)
+    # dx is linear in dy: dy is scaled by 2**-k so that max|dy * scale| < 1 and no sum of the
+    # row overflows (float64 dy near its top would), and dx by 2**k (and SCALE) at the end
+    umax = 0.0
+    for j in range(D):
+        umax = max(umax, abs(np.float64(_ld(dyr[j])) * gs[j]))
+    k = max(0, math.frexp(umax)[1]) if np.isfinite(umax) else 0
+    dys = _scaled_row(dyr, math.ldexp(1.0, -k))
+    su, sut, _ = _sum_grad(xs, dys, gs, hi, 0.0)
+    mg = su / D if centred else 0.0
+    mgx = r * (sut - lo * su) / D
+    shift = k + math.frexp(scale_x)[1] - 1  # scale_x = 2**(frexp exponent - 1)
+    add = dhr.shape[0] > 0
+    two = drr.shape[0] > 0
+    xz = dxr.dtype.type(0)
+    rz = drr.dtype.type(0)
+    for j in range(D):
+        xhat = ((xs[j] - hi) - lo) * r
+        # the powers of two last, in one exact step: r * SCALE may be subnormal, 2**k overflow
+        v = math.ldexp(r * ((dys[j] * gs[j] - mg) - xhat * mgx), shift)
+        if add:
+            v += np.float64(_ld(dhr[j]))
+        dxr[j] = _to(v, xz)
+        if two:
+            drr[j] = _to(v, rz)
+        dy = _ld(dyr[j])
+        pg[j] += dy * xhat
+        pb[j] += dy
+
+
+@njit(cache=True)
+def _backward_row(x, dy, dh, scale, stats, check, centred, dx, dres, pg, pb, i):
+    """Row i of the backward alone: dx[i] (and dres[i]), its terms added to pg, pb.
+
+    Returns False when x[i] no longer matches the forward's checksum (nothing written then).
+    """
+    M, D = x.shape
+    z = scale.dtype.type(0)
+    st = stats[i]
+    hi = _to(st[HI], z)
+    lo = _to(st[LO], z)
+    su, sut, ck = _sum_grad(x[i], dy[i], scale, hi, z)
+    if ck != check[i]:
+        return False
+    dhr = dh[i]  # (D,), or (0,) when there is no dh
+    drr = dres[i]  # (D,), or (0,) for a plain norm
+    if st[SCALE] == 1.0 and np.isfinite(su) and np.isfinite(sut):
+        r = st[RSTD]
+        mg = _to(su / D, z) if centred else z
+        nxt = min(i + 1, M - 1)
+        _write_dx(x[i], dy[i], dhr, scale, hi, lo, _to(r, z), mg,
+                  _to(r * (sut - lo * su) / D, z), dx[i], drr, pg, pb, x[nxt], dy[nxt])
+        return True
+    _backward_row_f64(x[i], dy[i], dhr, scale, st, centred, dx[i], drr, pg, pb)
+    return True
+
+
+@njit(parallel=True, cache=True)
+def backward_kernel(x, dy, dh, scale, stats, check, centred, dx, dres, partial, ok):
+    """Fill dx (M, D), dres (M, D) for an add-norm, and partial (C, 2, D) float64 with each
+    chunk's (dgamma, dbeta) partial sums; ok (M,) bool says whether each row's x matched
+    the forward's checksum.
+
+    x, dy: (M, D) storage; dh: (M, D), or (M, 0) without dh; dres: (M, D) for an add-norm,
+    else (M, 0); scale: (D,) T; stats: (M, NSTATS) float64; check: (M,) uint64.
+    LayerNorm and RMSNorm rows go TILE at a time (the chunk's last M % TILE rows, and a tile
+    holding a scaled or changed row or a row whose T sums are not finite, one at a time): the
+    partials get the same additions in the same row order either way. Add-norm rows go one at
+    a time.
+    """
+    M, D = x.shape
+    z = scale.dtype.type(0)
+    C = partial.shape[0]
+    tiles = dh.shape[1] == 0 and dres.shape[1] == 0
+    for c in prange(C):
+        pg = partial[c, 0]  # (D,) float64
+        pb = partial[c, 1]  # (D,) float64
+        pg[:] = 0.0
+        pb[:] = 0.0
+        st = np.empty((TILE, 5), scale.dtype)  # per row: hi, lo, rstd, mean_g, mean_gxhat
+        i = c * M // C
+        end = (c + 1) * M // C
+        while tiles and i + TILE <= end:
+            fast = True
+            for k in range(TILE):
+                s = stats[i + k]
+                r = s[RSTD]
+                hi = _to(s[HI], z)
+                lo = _to(s[LO], z)
+                su, sut, ck = _sum_grad(x[i + k], dy[i + k], scale, hi, z)
+                same = ck == check[i + k]
+                fast = fast and same and s[SCALE] == 1.0 and np.isfinite(su) and np.isfinite(sut)
+                st[k, 0] = hi
+                st[k, 1] = lo
+                st[k, 2] = _to(r, z)
+                st[k, 3] = _to(su / D, z) if centred else z
+                st[k, 4] = _to(r * (sut - lo * su) / D, z)
+            if fast:
+                _write_dx_tile(x[i:i + TILE], dy[i:i + TILE], scale, st, dx[i:i + TILE], pg, pb)
+                for k in range(TILE):
+                    ok[i + k] = True
+            else:
+                for k in range(TILE):
+                    ok[i + k] = _backward_row(x, dy, dh, scale, stats, check, centred, dx,
+                                              dres, pg, pb, i + k)
+            i += TILE
+        for k in range(i, end):
+            ok[k] = _backward_row(x, dy, dh, scale, stats, check, centred, dx, dres, pg, pb, k)
+
+
+@njit(parallel=True, cache=True)
+def reduce_chunks(partial, out):
+    """out (2, D) float64 = sum over c of partial (C, 2, D), added in chunk order."""
+    C, _, D = partial.shape
+    for k in prange(2):
+        acc = out[k]  # (D,)
+        acc[:] = 0.0
+        for c in range(C):
+            p = partial[c, k]  # (D,)
+            for j in range(D):
+                acc[j] += p[j]
+
+
+def n_chunks(M: int) -> int:
+    """Number of row chunks of the backward's dgamma/dbeta partials: a function of M only.
+
+    A power of two (so 2, 4, 8, 16 threads share them evenly), at most MAX_CHUNKS, each with
+    at least ROWS_PER_CHUNK rows when M allows.
+    """
+    c = 1
+    while c * 2 <= MAX_CHUNKS and c * 2 * ROWS_PER_CHUNK <= M:
+        c *= 2
+    return c

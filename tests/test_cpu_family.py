@@ -1,0 +1,157 @@
+"""The fused CPU kernels of the whole family (layernorm.cpu) against the NumPy reference, and
+their contracts: batch invariance, a changed input caught, safe modules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+import layernorm as ln  # noqa: E402 - after the skip
+from layernorm import cpu  # noqa: E402
+from layernorm.dtypes import available, resolve  # noqa: E402
+from layernorm.family import NORMS  # noqa: E402
+from layernorm.tolerances import assert_close  # noqa: E402
+
+DTYPES = available()
+OUTPUTS = ("y", "h", "dx", "dresidual")  # compared as "out"; the parameter gradients as "param"
+
+
+def _inputs(norm, shape, dtype, seed=0, residual_dtype=None):
+    """The forward's arguments (x, [residual], gamma, [beta]) and the backward's cotangents
+    (dy, [dh]), rounded to ``dtype`` (the residual and dh to ``residual_dtype``)."""
+    rng = np.random.default_rng(seed)
+    dt, rt = resolve(dtype), resolve(residual_dtype or dtype)
+    d = shape[-1]
+    args = [(rng.standard_normal(shape) * 2 + 0.5).astype(dt)]
+    if norm.residual:
+        args.append(rng.standard_normal(shape).astype(rt))
+    args += [rng.standard_normal(d).astype(dt) for _ in norm.params]
+    cot = [rng.standard_normal(shape).astype(dt)]
+    if norm.residual:
+        cot.append(rng.standard_normal(shape).astype(rt))
+    return args, cot
+
+
+def _run(module, norm, args, cot, **kw):
+    """``norm``'s forward outputs but the cache, then its backward's outputs, from ``module``."""
+    *outs, cache = getattr(module, f"{norm.name}_forward")(*args, **kw)
+    return [*outs, *getattr(module, f"{norm.name}_backward")(*cot, cache)]
+
+
+def _names(norm):
+    return [*norm.forward_outputs, *norm.backward_outputs, *("d" + p for p in norm.params)]
+
+
+def _assert_matches_reference(norm, args, cot, dtype, **kw):
+    got = _run(cpu, norm, args, cot, **kw)
+    want = _run(ln, norm, args, cot, **kw)
+    for g, w, name in zip(got, want, _names(norm), strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        assert_close(g, w, dtype, "out" if name in OUTPUTS else "param", name=name)
+    return got
+
+
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "1+gamma"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(NORMS))
+def test_fused_matches_the_reference(name, dtype, zero_centered):
+    """Protects every fused kernel of the family in every dtype, with gamma and with 1 + gamma:
+    each output and gradient matches the reference on the same inputs within the tolerance
+    table, in the reference's dtypes."""
+    norm = NORMS[name]
+    args, cot = _inputs(norm, (3, 7, 300), dtype)
+    _assert_matches_reference(norm, args, cot, dtype, zero_centered_gamma=zero_centered)
+
+
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_add_norm_with_a_float32_residual_stream(name):
+    """Protects mixed dtypes: bfloat16 activations on a float32 residual stream. h is the
+    reference's h bit for bit (both round x + residual once), dresidual comes back float32."""
+    if "bfloat16" not in DTYPES:
+        pytest.skip("needs ml_dtypes")
+    norm = NORMS[name]
+    args, cot = _inputs(norm, (5, 130), "bfloat16", residual_dtype="float32")
+    kw = {"residual_dtype": "float32"}
+    got = _assert_matches_reference(norm, args, cot, "bfloat16", **kw)
+    want_h = _run(ln, norm, args, cot, **kw)[1]
+    assert got[1].dtype == np.float32 and got[1].tobytes() == want_h.tobytes()
+    assert got[3].dtype == np.float32  # dresidual in the residual's dtype
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_a_rows_results_do_not_depend_on_the_batch(name):
+    """Protects batch invariance: a row's outputs and dx are bitwise the same whatever rows
+    surround it and however many there are (M = 1, 7, 64; the tiled and row-by-row paths)."""
+    norm = NORMS[name]
+    args, cot = _inputs(norm, (64, 200), "float32", seed=3)
+    row = 5
+    ref = _run(cpu, norm, [a[row:row + 1] if a.ndim == 2 else a for a in args],
+               [c[row:row + 1] for c in cot])
+    for m, at in ((7, 2), (64, row), (64, 63)):
+        rows = np.roll(np.arange(64), at - row)[:m]  # ``row`` lands at index ``at``
+        got = _run(cpu, norm, [a[rows] if a.ndim == 2 else a for a in args],
+                   [c[rows] for c in cot])
+        n = len(norm.forward_outputs) + len(norm.backward_outputs)
+        for g, r in zip(got[:n], ref[:n], strict=True):
+            assert g[at].tobytes() == r[0].tobytes(), (m, at)
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_a_changed_input_is_caught_not_differentiated(name):
+    """Protects the cache that refers to x (or h): changing one element between the forward
+    and the backward raises ValueError instead of returning the gradient of another forward;
+    changing gamma has no effect (the cache holds a copy); no input is ever written."""
+    norm = NORMS[name]
+    args, cot = _inputs(norm, (9, 50), "float32", seed=4)
+    before = [a.copy() for a in (*args, *cot)]
+    fwd = getattr(cpu, f"{norm.name}_forward")
+    bwd = getattr(cpu, f"{norm.name}_backward")
+    *outs, cache = fwd(*args)
+    want = bwd(*cot, cache)
+    watched = outs[1] if norm.residual else args[0]  # h, or x
+    watched[6, 17] = np.nextafter(watched[6, 17], np.float32(np.inf))
+    with pytest.raises(ValueError, match="changed between the forward and the backward"):
+        bwd(*cot, cache)
+    watched[6, 17] = np.nextafter(watched[6, 17], np.float32(-np.inf))  # restored
+    gamma = args[2 if norm.residual else 1]
+    gamma[:] = 3  # an optimizer step between the forward and the backward
+    got = bwd(*cot, cache)
+    gamma[:] = before[2 if norm.residual else 1]
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip((*args, *cot), before, strict=True))
+
+
+@pytest.mark.parametrize("module", ["LayerNorm", "RMSNorm"])
+def test_modules_return_fresh_arrays_unless_asked_to_reuse(module):
+    """Protects the modules: by default a second forward leaves the first y (kept by a later
+    layer) untouched; reuse_buffers=True reuses the buffers; zero_centered_gamma starts gamma
+    at zeros; results match the reference module."""
+    x = np.random.default_rng(5).standard_normal((6, 32)).astype(np.float32)
+    mod, ref = getattr(cpu, module)(32), getattr(ln, module)(32)
+    y1 = mod(x)
+    assert_close(y1, ref(x), "float32", "out", name="y")
+    assert_close(mod.backward(x), ref.backward(x), "float32", "out", name="dx")
+    assert_close(mod.dgamma, ref.dgamma, "float32", "param", name="dgamma")
+    kept = y1.copy()
+    mod(x * 2)
+    assert y1.tobytes() == kept.tobytes()
+    reuse = getattr(cpu, module)(32, reuse_buffers=True)
+    assert reuse(x) is reuse(x)
+    zc = getattr(cpu, module)(32, zero_centered_gamma=True)
+    assert not zc.gamma.any()
+    assert_close(zc(x), ref(x), "float32", "out", name="y (1 + 0)")
+    with pytest.raises(TypeError, match="reuse_buffers"):
+        getattr(cpu, module)(32, reuse_buffers=1)
+
+
+@pytest.mark.parametrize("dtype,big", [("float32", 1e30), ("float64", 1e300)])
+def test_rms_rows_whose_squares_overflow(dtype, big):
+    """Protects RMSNorm's power-of-two rescaling in the kernels: rows whose squares overflow
+    the compute dtype match the reference (finite, within the table)."""
+    norm = NORMS["rms_norm"]
+    args, cot = _inputs(norm, (6, 40), dtype, seed=6)
+    args[0][2] *= big
+    got = _assert_matches_reference(norm, args, cot, dtype)
+    assert np.isfinite(got[0]).all() and np.isfinite(got[1]).all()
