@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 # name -> module; the module's docstring's first line is the command's help.
 COMMANDS: dict[str, str] = {
-    "bench": "layernorm.bench",
+    "bench": "layernorm.commands.bench",
     "check": "layernorm.check",
     "cost": "layernorm.cost",
     "report": "layernorm.report",

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .bench.machine import machine_info
+
 # (title, "module:function"), in the order they appear in the report.
 SECTIONS: list[tuple[str, str]] = [
     ("Gradient checks", "layernorm.check:report_section"),
     ("Numerical stability", "layernorm.stability:report_section"),
-    ("CPU kernels and bandwidth", "layernorm.bench:report_section"),
-    ("GPU kernels", "layernorm.gpu.bench:report_section"),
+    ("CPU kernels and bandwidth", "layernorm.commands.bench:report_section"),
+    ("GPU kernels", "layernorm.commands.bench:gpu_report_section"),
 ]
 
 
@@ -31,35 +31,6 @@ class ReportContext:
 
     outdir: Path
     quick: bool
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info() -> dict[str, str]:
-    """Machine and versions, for the report header and benchmark rows."""
-    import numpy
-
-    info = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu": _cpu_name(),
-        "logical cpus": str(os.cpu_count()),
-        "numpy": numpy.__version__,
-    }
-    for mod in ("numba", "torch", "triton", "ml_dtypes", "matplotlib"):
-        try:
-            info[mod] = importlib.import_module(mod).__version__
-        except ImportError:
-            info[mod] = "not installed"
-    return info
 
 
 def _section(spec: str, ctx: ReportContext) -> str:
