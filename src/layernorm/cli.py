@@ -10,7 +10,7 @@ from collections.abc import Sequence
 # name -> module; the module's docstring's first line is the command's help.
 COMMANDS: dict[str, str] = {
     "bench": "layernorm.commands.bench",
-    "check": "layernorm.check",
+    "check": "layernorm.commands.check",
     "cost": "layernorm.cost",
     "report": "layernorm.report",
     "stability": "layernorm.stability",
