@@ -11,9 +11,9 @@ from collections.abc import Sequence
 COMMANDS: dict[str, str] = {
     "bench": "layernorm.commands.bench",
     "check": "layernorm.commands.check",
-    "cost": "layernorm.cost",
+    "cost": "layernorm.commands.cost",
     "report": "layernorm.report",
-    "stability": "layernorm.stability",
+    "stability": "layernorm.commands.stability",
 }
 
 
@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(module)
         summary = (mod.__doc__ or "").strip().splitlines()[0]
         summary = summary.split("``: ", 1)[-1]  # drop a leading "``layernorm NAME``: "
-        p = sub.add_parser(name, help=summary, description=mod.__doc__,
+        description = getattr(mod, "DESCRIPTION", mod.__doc__)
+        p = sub.add_parser(name, help=summary, description=description,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)

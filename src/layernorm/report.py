@@ -19,7 +19,7 @@ from .bench.machine import machine_info
 # (title, "module:function"), in the order they appear in the report.
 SECTIONS: list[tuple[str, str]] = [
     ("Gradient checks", "layernorm.commands.check:report_section"),
-    ("Numerical stability", "layernorm.stability:report_section"),
+    ("Numerical stability", "layernorm.commands.stability:report_section"),
     ("CPU kernels and bandwidth", "layernorm.commands.bench:report_section"),
     ("GPU kernels", "layernorm.commands.bench:gpu_report_section"),
 ]
