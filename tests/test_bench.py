@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from layernorm import cli
 from layernorm.bench import harness, providers, results
 from layernorm.commands import bench as command
+from layernorm.commands import cli
+from layernorm.commands.report import ReportContext
 from layernorm.family import NORMS
-from layernorm.report import ReportContext
 
 TINY = harness.Case((3, 64), "float32")
 IMPLS = [i for i in ("numpy", "fused") if i in providers.available()]

@@ -7,7 +7,8 @@ import sys
 
 import numpy as np
 
-from layernorm import cli, report, selfcheck
+from layernorm import selfcheck
+from layernorm.commands import cli, report
 
 
 def test_check_passes_and_prints_table(capsys):

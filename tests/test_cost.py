@@ -108,7 +108,7 @@ def test_bad_arguments():
 
 def test_cost_command_prints_the_model(capsys):
     """Protects `layernorm cost`: one row per shape, dtype and pass, figures from the model."""
-    from layernorm import cli
+    from layernorm.commands import cli
     from layernorm.commands import cost as command
 
     assert cli.main(["cost", "--shape", "8x512x768", "--dtype", "float32", "--bandwidth",

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layernorm import cli, report, stability
+from layernorm import stability
+from layernorm.commands import cli, report
 from layernorm.commands import stability as command
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "numerics.md"

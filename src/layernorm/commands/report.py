@@ -1,8 +1,9 @@
 """``layernorm report``: one Markdown file showing what the library does on this machine.
 
-Each capability contributes a section: a function ``report_section(ctx) -> str`` in its
-own module, listed in ``SECTIONS``. The report records the command, the time, the machine
-and the versions, then each section in order.
+Each command contributes a section: a function ``(ctx) -> Markdown`` in its module of
+:mod:`layernorm.commands`, listed in ``SECTIONS``. The report records the command, the time,
+the machine and the versions (:func:`layernorm.bench.machine.machine_info`), then each
+section in order.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bench.machine import machine_info
+from ..bench.machine import machine_info
 
 # (title, "module:function"), in the order they appear in the report.
 SECTIONS: list[tuple[str, str]] = [
@@ -40,7 +41,7 @@ def _section(spec: str, ctx: ReportContext) -> str:
 
 def write_report(outdir: Path, quick: bool = False) -> Path:
     """Run every section and write ``outdir/README.md``; returns its path."""
-    from . import __version__
+    from .. import __version__
 
     outdir.mkdir(parents=True, exist_ok=True)
     ctx = ReportContext(outdir=outdir, quick=quick)

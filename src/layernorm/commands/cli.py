@@ -1,4 +1,8 @@
-"""The ``layernorm`` command: one sub-command per module, with ``add_arguments`` and ``run``."""
+"""The ``layernorm`` command: one sub-command per module of :mod:`layernorm.commands`.
+
+Each module has ``add_arguments`` and ``run``; the first line of its docstring is the
+sub-command's help, and its ``DESCRIPTION`` (else its docstring) the ``--help`` text.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,11 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# name -> module; the module's docstring's first line is the command's help.
 COMMANDS: dict[str, str] = {
     "bench": "layernorm.commands.bench",
     "check": "layernorm.commands.check",
     "cost": "layernorm.commands.cost",
-    "report": "layernorm.report",
+    "report": "layernorm.commands.report",
     "stability": "layernorm.commands.stability",
 }
 
