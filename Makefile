@@ -19,7 +19,7 @@ report: $(STAMP)
 	$(BIN)/layernorm report
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests tools
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -7,7 +7,8 @@ import sys
 
 import numpy as np
 
-from layernorm import check, cli, report
+from layernorm import selfcheck
+from layernorm.commands import cli, report
 
 
 def test_check_passes_and_prints_table(capsys):
@@ -16,18 +17,18 @@ def test_check_passes_and_prints_table(capsys):
     out = capsys.readouterr().out
     assert "finite differences (fast)" in out and "float16" in out
     assert "FAIL" not in out
-    assert f"{len(check.run_checks())} passed, 0 failed" in out
+    assert f"{len(selfcheck.run_checks())} passed, 0 failed" in out
 
 
 def test_check_exits_1_on_a_broken_backward(monkeypatch, capsys):
     """Protects the exit code: a planted backward bug makes `layernorm check` fail."""
-    real = check.layer_norm_backward
+    real = selfcheck.layer_norm_backward
 
     def broken(dy, cache):
         dx, dg, db = real(dy, cache)
         return dx * 1.01, dg, db
 
-    monkeypatch.setattr(check, "layer_norm_backward", broken)
+    monkeypatch.setattr(selfcheck, "layer_norm_backward", broken)
     assert cli.main(["check"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "gradient check failed for x" in out
@@ -36,14 +37,14 @@ def test_check_exits_1_on_a_broken_backward(monkeypatch, capsys):
 def test_check_counts_an_inconclusive_gradient_check_as_a_failure(monkeypatch, capsys):
     """Protects `layernorm check` from a silent pass or a traceback: a forward whose output has
     a large constant part gives no verdict, which is a FAIL row and exit 1."""
-    real = check.layer_norm_forward
+    real = selfcheck.layer_norm_forward
 
     def shifted(*args, **kwargs):
         y, cache = real(*args, **kwargs)
         with np.errstate(over="ignore"):  # the half-precision rows overflow: they fail too
             return y + 1e20, cache
 
-    monkeypatch.setattr(check, "layer_norm_forward", shifted)
+    monkeypatch.setattr(selfcheck, "layer_norm_forward", shifted)
     assert cli.main(["check"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "inconclusive" in out
@@ -51,7 +52,8 @@ def test_check_counts_an_inconclusive_gradient_check_as_a_failure(monkeypatch, c
 
 def test_report_writes_markdown(tmp_path, monkeypatch):
     """Protects `layernorm report`: a README.md with the machine table and each section."""
-    monkeypatch.setattr(report, "SECTIONS", [("Gradient checks", "layernorm.check:report_section")])
+    monkeypatch.setattr(report, "SECTIONS",
+                        [("Gradient checks", "layernorm.commands.check:report_section")])
     assert cli.main(["report", "--out", str(tmp_path), "--quick"]) == 0
     text = (tmp_path / "README.md").read_text()
     assert text.startswith("# layernorm report")
@@ -88,13 +90,13 @@ def test_import_needs_numpy_only():
 
 def test_check_exits_1_when_a_low_precision_result_is_off(monkeypatch, capsys):
     """Protects the dtype rows: a float32/float16 result outside the tolerance table fails."""
-    real = check.layer_norm_forward
+    real = selfcheck.layer_norm_forward
 
     def skewed(x, gamma=None, beta=None, eps=1e-5):
         y, cache = real(x, gamma, beta, eps)
         return (y * 1.05 if y.dtype != np.float64 else y), cache
 
-    monkeypatch.setattr(check, "layer_norm_forward", skewed)
+    monkeypatch.setattr(selfcheck, "layer_norm_forward", skewed)
     assert cli.main(["check"]) == 1
     lines = capsys.readouterr().out.splitlines()
     table = [r for r in lines if r.startswith("(")]

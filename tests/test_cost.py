@@ -108,7 +108,8 @@ def test_bad_arguments():
 
 def test_cost_command_prints_the_model(capsys):
     """Protects `layernorm cost`: one row per shape, dtype and pass, figures from the model."""
-    from layernorm import cli
+    from layernorm.commands import cli
+    from layernorm.commands import cost as command
 
     assert cli.main(["cost", "--shape", "8x512x768", "--dtype", "float32", "--bandwidth",
                      "40"]) == 0
@@ -118,4 +119,4 @@ def test_cost_command_prints_the_model(capsys):
     assert f"{c.roofline_seconds(40e9) * 1e3:.3f}" in out
     assert out.count("| 8x512x768 |") == 2
     with pytest.raises(ValueError, match="shape must look like"):
-        cost.table(["4096 by 1024"], ["float32"], None)
+        command.table(["4096 by 1024"], ["float32"], None)

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layernorm import cli, report, stability
+from layernorm import stability
+from layernorm.commands import cli, report
+from layernorm.commands import stability as command
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "numerics.md"
 
@@ -44,7 +46,7 @@ def test_report_section_embeds_plot_and_tables(tmp_path):
     """Protects the report section: a PNG in the report folder, linked from valid Markdown
     tables."""
     ctx = report.ReportContext(outdir=tmp_path, quick=True)
-    md = stability.report_section(ctx)
+    md = command.report_section(ctx)
     assert (tmp_path / "stability.png").read_bytes()[:4] == b"\x89PNG"
     assert "![error against offset](stability.png)" in md
     assert "| case | dtype | naive |" in md and "all targets met" in md

@@ -1,6 +1,6 @@
 """Cost model: FLOPs, bytes moved, memory held and roofline time of layer norm (pure Python).
 
-``layernorm cost`` prints the model for given shapes and dtypes.
+``layernorm cost`` (:mod:`layernorm.commands.cost`) prints the model for given shapes and dtypes.
 
 For M rows of length D, elements of ``itemsize`` bytes, statistics in a compute dtype of
 ``compute_itemsize`` bytes (4 for float16/bfloat16/float32 inputs, 8 for float64):
@@ -28,13 +28,7 @@ the figure of merit of a kernel is its achieved bandwidth over the minimal bytes
 
 from __future__ import annotations
 
-import argparse
-import math
 from dataclasses import dataclass
-
-from ._table import render
-from ._validate import parse_shape
-from .dtypes import DTYPES
 
 __all__ = [
     "FLOPS_PER_ELEMENT",
@@ -238,50 +232,3 @@ def cost(
         cache_bytes=(M * D + M + (D if gamma else 0)) * cs,
         reference_peak_bytes=_reference_peak(pass_, M, D, itemsize, affine),
     )
-
-
-def _rows_and_length(text: str) -> tuple[int, int]:
-    """'MxD' or 'AxBxD' (leading axes multiply into M) -> (M, D)."""
-    dims = parse_shape(text)
-    if len(dims) < 2:
-        raise ValueError(f"shape needs at least two positive sizes, e.g. 4096x1024; got {text!r}")
-    return math.prod(dims[:-1]), dims[-1]
-
-
-
-
-def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None) -> str:
-    """The model's figures as a Markdown table, one row per shape, dtype and pass."""
-    head = ["shape", "dtype", "pass", "GFLOP", "minimal MB", "reference MB", "ref/minimal",
-            "cache MB", "peak MB", "FLOP/byte"]
-    if bandwidth_gbs:
-        head.append(f"roofline ms @ {bandwidth_gbs:g} GB/s")
-    rows = []
-    for shape in shapes:
-        m, d = _rows_and_length(shape)
-        for dtype in dtypes:
-            for p in ("fwd", "bwd"):
-                c = cost(p, m, d, DTYPES[dtype].itemsize)
-                row = [shape, dtype, p, f"{c.flops / 1e9:.3f}", f"{c.minimal_bytes / 1e6:.1f}",
-                       f"{c.reference_bytes / 1e6:.1f}", f"{c.reference_traffic_ratio:.1f}",
-                       f"{c.cache_bytes / 1e6:.1f}" if p == "fwd" else "-",
-                       f"{c.reference_peak_bytes / 1e6:.1f}", f"{c.intensity:.2f}"]
-                if bandwidth_gbs:
-                    row.append(f"{c.roofline_seconds(bandwidth_gbs * 1e9) * 1e3:.3f}")
-                rows.append(row)
-    return render(head, rows, markdown=True)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shape", action="append", help="MxD (repeatable); default 3 shapes")
-    parser.add_argument("--dtype", action="append", choices=sorted(DTYPES),
-                        help="repeatable; default float32 and bfloat16")
-    parser.add_argument("--bandwidth", type=float, default=None,
-                        help="GB/s for the roofline column (e.g. the copy bandwidth from "
-                             "`layernorm bench`)")
-
-
-def run(args: argparse.Namespace) -> int:
-    shapes = args.shape or ["4096x768", "4096x4096", "64x65536"]
-    print(table(shapes, args.dtype or ["float32", "bfloat16"], args.bandwidth))
-    return 0

@@ -22,7 +22,6 @@ Exit status 1 if a target of table 2 fails. ``--quick`` shrinks the sizes (the r
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import time
@@ -459,36 +458,3 @@ def plot_sweep(sweep: dict[str, dict[str, list[tuple[float, float]]]], path: Pat
     fig.legend(*axes[-1].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
     fig.savefig(path, dpi=100)
     return path
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="smaller sizes (as the report)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    parser.add_argument("--plot", type=Path, default=None,
-                        help="also write the offset-sweep plot to this PNG file")
-    parser.add_argument("--no-timing", action="store_true", help="skip the speed table")
-
-
-def run(args: argparse.Namespace) -> int:
-    res = run_suite(args.quick, args.seed, timing=not args.no_timing)
-    print("\n\n".join(format_table(t) for t in res.tables))
-    if args.plot is not None:
-        print(f"\nplot written to {plot_sweep(res.sweep, args.plot)}")
-    for line in res.failed:
-        print(f"FAIL {line}")
-    print(f"\n{'targets: all met' if not res.failed else f'{len(res.failed)} targets failed'}")
-    return 1 if res.failed else 0
-
-
-def report_section(ctx: object) -> str:
-    res = run_suite(quick=ctx.quick)
-    png = plot_sweep(res.sweep, ctx.outdir / "stability.png")
-    verdict = "all targets met" if not res.failed else f"{len(res.failed)} targets FAILED"
-    return (
-        "Errors of the variance algorithms and of the library against exact answers (integer "
-        "arithmetic; see docs/numerics.md). Reproduce with "
-        f"`layernorm stability{' --quick' if ctx.quick else ''}`.\n\n"
-        f"![error against offset]({png.name})\n\n"
-        + "\n\n".join(format_table(t, markdown=True) for t in res.tables)
-        + f"\n\n**{verdict}.**\n"
-    )

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from layernorm.bench import gpu as bench
+from layernorm.commands import bench as command
 from layernorm.cost import minimal_bytes
-from layernorm.gpu import bench
 
 
 def _rows(device="NVIDIA H100 80GB HBM3"):
@@ -26,7 +27,7 @@ def _rows(device="NVIDIA H100 80GB HBM3"):
     return rows
 
 
-def test_default_sweep_matches_the_issue():
+def test_default_sweep():
     """Protects the benchmark's shapes: N from 256 to 256K by powers of two, M = 32,768 rows,
     fewer for the largest N so M·N stays within 2**30 elements."""
     shapes = bench.parse_shapes(None, quick=False)
@@ -95,7 +96,7 @@ def test_report_section_without_results(tmp_path, monkeypatch):
     """Protects the report before any GPU run: it says plainly there are no measurements and
     gives the command that makes them."""
     monkeypatch.chdir(tmp_path)
-    text = bench.report_section(SimpleNamespace(outdir=tmp_path, quick=True))
+    text = command.gpu_report_section(SimpleNamespace(outdir=tmp_path, quick=True))
     assert "No GPU measurements exist yet" in text and "`layernorm bench --device cuda`" in text
 
 
@@ -106,7 +107,7 @@ def test_report_section_with_results(tmp_path, monkeypatch):
     bench.write_results(_rows(), None, "NVIDIA H100 80GB HBM3")
     out = tmp_path / "report"
     out.mkdir()
-    text = bench.report_section(SimpleNamespace(outdir=out, quick=True))
+    text = command.gpu_report_section(SimpleNamespace(outdir=out, quick=True))
     assert "NVIDIA H100" in text and "| bfloat16 | bwd | 4096 |" in text
     assert "![fraction of copy bandwidth](gpu-bandwidth.png)" in text
     assert (out / "gpu-bandwidth.png").stat().st_size > 0
@@ -152,14 +153,16 @@ def test_run_cuda_without_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("CUDA is present: run_cuda would measure")
     args = SimpleNamespace(dtype=None, shape=None, quick=True, out=None, rounds=None)
-    assert bench.run_cuda(args) == 2
+    assert command.run_cuda(args) == 2
     assert "no CUDA device" in capsys.readouterr().out
 
 
 def test_bench_module_needs_no_torch():
-    """Protects the layering: the report section (layernorm.gpu.bench) imports neither torch
-    nor triton, so `layernorm report` works without the gpu extra."""
-    code = ("import sys; from layernorm.gpu import bench; bench.latest_results(); "
+    """Protects the layering: the GPU benchmark's results and report section
+    (layernorm.bench.gpu, layernorm.commands.bench) import neither torch nor triton, so
+    `layernorm report` works without the gpu extra."""
+    code = ("import sys; from layernorm.bench import gpu; from layernorm.commands import bench; "
+            "gpu.latest_results(); "
             "bad = [m for m in ('torch', 'triton') if m in sys.modules]; print(bad); "
             "sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

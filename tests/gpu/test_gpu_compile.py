@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).with_name("compile_kernels.py")
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "compile_kernels.py"
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 

@@ -7,7 +7,7 @@
 Needs the optional extra ``gpu`` (torch and triton). Tensors live on a CUDA device, or on the
 CPU when ``TRITON_INTERPRET=1`` is set before triton is imported (Triton's interpreter: slow,
 for tests). ``layer_norm`` and ``LayerNorm`` are imported on first use, so that
-``layernorm.gpu.bench`` (results and report section) works on machines without torch.
+``layernorm.bench.gpu`` (results and report section) works on machines without torch.
 """
 
 from __future__ import annotations

@@ -1,27 +1,28 @@
 """``layernorm report``: one Markdown file showing what the library does on this machine.
 
-Each capability contributes a section: a function ``report_section(ctx) -> str`` in its
-own module, listed in ``SECTIONS``. The report records the command, the time, the machine
-and the versions, then each section in order.
+Each command contributes a section: a function ``(ctx) -> Markdown`` in its module of
+:mod:`layernorm.commands`, listed in ``SECTIONS``. The report records the command, the time,
+the machine and the versions (:func:`layernorm.bench.machine.machine_info`), then each
+section in order.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bench.machine import machine_info
+
 # (title, "module:function"), in the order they appear in the report.
 SECTIONS: list[tuple[str, str]] = [
-    ("Gradient checks", "layernorm.check:report_section"),
-    ("Numerical stability", "layernorm.stability:report_section"),
-    ("CPU kernels and bandwidth", "layernorm.bench:report_section"),
-    ("GPU kernels", "layernorm.gpu.bench:report_section"),
+    ("Gradient checks", "layernorm.commands.check:report_section"),
+    ("Numerical stability", "layernorm.commands.stability:report_section"),
+    ("CPU kernels and bandwidth", "layernorm.commands.bench:report_section"),
+    ("GPU kernels", "layernorm.commands.bench:gpu_report_section"),
 ]
 
 
@@ -33,35 +34,6 @@ class ReportContext:
     quick: bool
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info() -> dict[str, str]:
-    """Machine and versions, for the report header and benchmark rows."""
-    import numpy
-
-    info = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu": _cpu_name(),
-        "logical cpus": str(os.cpu_count()),
-        "numpy": numpy.__version__,
-    }
-    for mod in ("numba", "torch", "triton", "ml_dtypes", "matplotlib"):
-        try:
-            info[mod] = importlib.import_module(mod).__version__
-        except ImportError:
-            info[mod] = "not installed"
-    return info
-
-
 def _section(spec: str, ctx: ReportContext) -> str:
     module, func = spec.split(":")
     return getattr(importlib.import_module(module), func)(ctx)
@@ -69,7 +41,7 @@ def _section(spec: str, ctx: ReportContext) -> str:
 
 def write_report(outdir: Path, quick: bool = False) -> Path:
     """Run every section and write ``outdir/README.md``; returns its path."""
-    from . import __version__
+    from .. import __version__
 
     outdir.mkdir(parents=True, exist_ok=True)
     ctx = ReportContext(outdir=outdir, quick=quick)

@@ -1,4 +1,8 @@
-"""The ``layernorm`` command: one sub-command per module, with ``add_arguments`` and ``run``."""
+"""The ``layernorm`` command: one sub-command per module of :mod:`layernorm.commands`.
+
+Each module has ``add_arguments`` and ``run``; the first line of its docstring is the
+sub-command's help, and its ``DESCRIPTION`` (else its docstring) the ``--help`` text.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,12 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# name -> module; the module's docstring's first line is the command's help.
 COMMANDS: dict[str, str] = {
-    "bench": "layernorm.bench",
-    "check": "layernorm.check",
-    "cost": "layernorm.cost",
-    "report": "layernorm.report",
-    "stability": "layernorm.stability",
+    "bench": "layernorm.commands.bench",
+    "check": "layernorm.commands.check",
+    "cost": "layernorm.commands.cost",
+    "report": "layernorm.commands.report",
+    "stability": "layernorm.commands.stability",
 }
 
 
@@ -27,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(module)
         summary = (mod.__doc__ or "").strip().splitlines()[0]
         summary = summary.split("``: ", 1)[-1]  # drop a leading "``layernorm NAME``: "
-        p = sub.add_parser(name, help=summary, description=mod.__doc__,
+        description = getattr(mod, "DESCRIPTION", mod.__doc__)
+        p = sub.add_parser(name, help=summary, description=description,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)

@@ -1,20 +1,27 @@
-"""GPU benchmark of the fused kernels against PyTorch and public kernels; the report's GPU section.
+"""The GPU benchmark: the fused Triton kernels against PyTorch and public kernels, on CUDA.
 
-``layernorm bench --device cuda`` calls :func:`run_cuda`. For each dtype and row length N it
-times every provider's forward (y) and backward (dx, dweight, dbias, final reduction
-included) on M rows, with L2 flushed before every run (a 256 MB write), and takes the median
-of many runs timed by CUDA events. A device-to-device copy of the same tensor, timed the same
-way in the same run, gives the bandwidth a pass is compared with. Quality is achieved GB/s on
-the minimal bytes (:func:`layernorm.cost.minimal_bytes`: 2·M·N·itemsize forward,
-3·M·N·itemsize backward) divided by that copy bandwidth.
+    parse_shapes, rows_for      the (M, N) sweep: N = 256 ... 256K, M = 32,768 rows or fewer
+    unavailable                 why nothing can be measured here (no torch/triton, no CUDA, the
+                                interpreter), or None
+    measure                     every (dtype, M, N): a copy, then each provider's forward and
+                                backward, each checked against the NumPy reference first
+    make_row, write_results,    result rows (exactly :data:`RESULT_KEYS`) and their JSON files,
+    load_results, latest_results  bench/results/gpu-<time>-<device>.json
+    format_table, plot_bandwidth  fraction of copy per provider, our speed against each peer
+
+Timing: the median of many runs timed by CUDA events, L2 flushed before every run (a 256 MB
+write); the forward is y, the backward dx, dweight and dbias (final reduction included). A
+device-to-device copy of the same tensor, timed the same way in the same run, is the
+bandwidth a pass is compared with: quality is GB/s on minimal bytes
+(:func:`layernorm.cost.minimal_bytes`) over that copy's GB/s.
 
 Providers: ``layernorm`` (ours), ``torch`` (eager ``F.layer_norm``), ``torch.compile`` (of
-``F.layer_norm``), and ``liger`` (Liger-Kernel) and ``quack`` (QuACK) when importable. Every
-provider's y and dx are checked against the NumPy reference on a few rows before timing.
+``F.layer_norm``), and ``liger`` (Liger-Kernel) and ``quack`` (QuACK) when importable. Their
+y and dx on the first rows are compared with the NumPy reference through
+:func:`layernorm.tolerances.compare` before timing.
 
-Results are a JSON list of rows with exactly the keys of :data:`RESULT_KEYS`, written to
-``bench/results/gpu-<time>-<device>.json``. This module imports torch only inside the
-functions that run on a GPU, so the report section works without torch.
+torch and triton are imported only inside the functions that run on a GPU, so the results,
+the table and the plot (the report's GPU section) work without them.
 """
 
 from __future__ import annotations
@@ -29,17 +36,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .._table import render
 from .._validate import parse_shape
 from ..cost import minimal_bytes
 from ..dtypes import DTYPES
-from ..tolerances import tolerance
+from ..tolerances import compare
 
 RESULTS_DIR = Path("bench") / "results"
 RESULT_KEYS = ("device", "dtype", "M", "N", "provider", "pass", "ms", "gbps", "copy_gbps")
 PROVIDERS = ("layernorm", "torch", "torch.compile", "liger", "quack")
+# The Triton kernels compute in float32: the dtypes whose compute dtype is float32.
+GPU_DTYPES = tuple(name for name, d in DTYPES.items() if d.compute == "float32")
 DEFAULT_DTYPES = ("bfloat16", "float32")
 NS = tuple(2**k for k in range(8, 19))  # 256 ... 262,144
 QUICK_NS = (1024, 4096, 32768, 262144)
@@ -190,34 +197,6 @@ def plot_bandwidth(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def report_section(ctx: Any) -> str:
-    """The report's GPU section: the newest results as a table and a plot, or a note that there
-    are none yet and how to make them."""
-    path = latest_results()
-    if path is None:
-        return (
-            "No GPU measurements exist yet. On a machine with a CUDA GPU, run "
-            f"`{COMMAND}`: it writes `bench/results/gpu-<time>-<device>.json`, which the next "
-            "`layernorm report` shows here as a table and a bandwidth plot."
-        )
-    rows = load_results(path)
-    parts = [
-        f"Measured on {rows[0]['device']} by `{COMMAND}` (`{path.as_posix()}`). Fraction of "
-        "the copy bandwidth measured in the same run, on minimal bytes (2·M·N·itemsize "
-        "forward, 3·M·N·itemsize backward); `vs X` is X's time over ours (> 1: ours is faster). "
-        f"Goals on an H100: forward >= {GOALS['fwd']} and backward >= {GOALS['bwd']} of copy "
-        "for N >= 2K in bfloat16, >= 0.75 at 128K and 256K, never slower than the fastest peer.",
-        "",
-        format_table(rows, markdown=True),
-    ]
-    try:
-        png = plot_bandwidth(rows, Path(ctx.outdir) / "gpu-bandwidth.png")
-        parts += ["", f"![fraction of copy bandwidth]({png.name})"]
-    except ImportError:
-        parts += ["", "(matplotlib is not installed: no plot.)"]
-    return "\n".join(parts) + "\n"
-
-
 # ---------------------------------------------------------------------------------------------
 # Measurement (needs torch and a CUDA device)
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +219,7 @@ def _providers(N: int) -> tuple[list[Provider], list[str]]:
     import torch
     import torch.nn.functional as F
 
-    from .api import layer_norm
+    from ..gpu.api import layer_norm
 
     def torch_ln(x, w, b):
         return F.layer_norm(x, (N,), w, b, EPS)
@@ -318,12 +297,11 @@ def _check_rows(dtype: str, x: Any, w: Any, b: Any, y: Any, dy: Any = None,
     pairs = [("y", f64(y[:n]), yr)]
     if dx is not None:
         pairs.append(("dx", f64(dx[:n]), layer_norm_backward(f64(dy[:n]), cache)[0]))
-    tol = tolerance(dtype, "out")
     for name, got, want in pairs:
-        bad = np.abs(got - want) > tol.atol + tol.rtol * np.abs(want)
-        if bad.any():
-            worst = np.abs(got - want).max()
-            return f"{name}: {int(bad.sum())} elements off, max error {worst:.2e}"
+        c = compare(got, want, dtype, "out")
+        if not c:
+            return (f"{name}: max error {c.max_abs_err:.2e}, at {c.index} {c.got:.6g} against "
+                    f"{c.want:.6g} (bound {c.bound:.2e})")
     return None
 
 
@@ -368,7 +346,7 @@ def _measure_shape(dtype_name: str, M: int, N: int, rounds: int, flush: Any,
     """Rows for one (dtype, M, N), and the problems found (our own mismatch among them)."""
     import torch
 
-    dtype = getattr(torch, dtype_name)
+    dtype = getattr(torch, DTYPES[dtype_name].torch)
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(M, N, device="cuda", dtype=dtype, generator=gen)
     dy = torch.randn(M, N, device="cuda", dtype=dtype, generator=gen)
@@ -398,39 +376,31 @@ def _measure_shape(dtype_name: str, M: int, N: int, rounds: int, flush: Any,
     return rows, problems
 
 
-def run_cuda(args: Any) -> int:
-    """``layernorm bench --device cuda``: measure, print the table, write the JSON.
-
-    Reads ``args.dtype`` (list of names or None: bfloat16 and float32), ``args.shape``
-    (see :func:`parse_shapes`), ``args.quick``, ``args.out`` (.json file or folder; default
-    bench/results) and ``args.rounds`` (runs per measurement). Returns 0 when done, 1 when our
-    kernels disagree with the reference, 2 when there is no CUDA device to measure on.
-    """
+def unavailable() -> str | None:
+    """Why :func:`measure` cannot run here (a sentence naming the command), or None."""
     try:
         import torch
 
-        from . import kernels
+        from ..gpu import kernels
     except ImportError as exc:
-        print(f"{COMMAND} needs torch and triton ({exc}): pip install 'layernorm[gpu]'")
-        return 2
+        return f"{COMMAND} needs torch and triton ({exc}): pip install 'layernorm[gpu]'"
     if not torch.cuda.is_available():
-        print(f"{COMMAND}: no CUDA device is available here, so there is nothing to measure. "
-              "Run it on a machine with an NVIDIA GPU.")
-        return 2
+        return (f"{COMMAND}: no CUDA device is available here, so there is nothing to measure. "
+                "Run it on a machine with an NVIDIA GPU.")
     if kernels.INTERPRET:
-        print(f"{COMMAND}: TRITON_INTERPRET=1 is set, which runs kernels in the interpreter; "
-              "unset it to measure.")
-        return 2
-    dtypes = list(args.dtype or DEFAULT_DTYPES)
-    unknown = [d for d in dtypes if d not in ("bfloat16", "float16", "float32")]
-    if unknown:
-        print(f"{COMMAND}: dtype must be bfloat16, float16 or float32, got {unknown}")
-        return 2
-    shapes = parse_shapes(args.shape, args.quick)
-    rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
+        return (f"{COMMAND}: TRITON_INTERPRET=1 is set, which runs kernels in the interpreter; "
+                "unset it to measure.")
+    return None
+
+
+def measure(dtypes: Sequence[str], shapes: Sequence[tuple[int, int]], rounds: int
+            ) -> tuple[list[dict[str, Any]], list[str], str]:
+    """Rows for every dtype (names of :data:`GPU_DTYPES`) and (M, N), the problems found, and
+    the device's name; progress is printed as it goes. Needs :func:`unavailable` to be None."""
+    import torch
+
     device = torch.cuda.get_device_name()
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
     for dtype_name in dtypes:
@@ -438,11 +408,4 @@ def run_cuda(args: Any) -> int:
             got, found = _measure_shape(dtype_name, M, N, rounds, flush, device)
             rows += got
             problems += found
-    print()
-    print(format_table(rows))
-    path = write_results(rows, args.out, device)
-    print(f"\nresults written to {path}")
-    for p in problems:
-        print(f"note: {p}")
-    ours_wrong = any(p.startswith("layernorm ") and "differs" in p for p in problems)
-    return 1 if ours_wrong else 0
+    return rows, problems, device

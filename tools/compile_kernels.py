@@ -1,12 +1,12 @@
 """Compile every kernel plan ahead of time for an NVIDIA target, without a GPU, and report the
 registers, stack (spills) and shared memory per thread block.
 
-    python tests/gpu/compile_kernels.py [sm]     # a table; sm defaults to 90 (H100)
-    python tests/gpu/compile_kernels.py 90 --json
+    python tools/compile_kernels.py [sm]     # a table; sm defaults to 90 (H100)
+    python tools/compile_kernels.py 90 --json
 
 Triton ships ptxas and cuobjdump, so this needs only the triton wheel. It must run without
-TRITON_INTERPRET (the interpreter's kernels cannot be compiled); test_gpu_compile.py runs it in
-a subprocess.
+TRITON_INTERPRET (the interpreter's kernels cannot be compiled); tests/gpu/test_gpu_compile.py
+runs it in a subprocess.
 """
 
 from __future__ import annotations

@@ -1,23 +1,26 @@
-"""``layernorm check``: gradient checks of the reference on a few shapes and dtypes.
+"""The reference checks itself: what ``layernorm check`` computes, one row per check.
 
-float64 is checked by finite differences (:func:`layernorm.check_vjp`, fast and full
-modes). Lower precisions are checked against the float64 reference on the same rounded
-inputs, with the tolerances of :mod:`layernorm.tolerances`.
+    finite differences  float64 gradients by :func:`layernorm.check_vjp`, fast and full modes,
+                        on a few shapes (fast mode once more on a large one)
+    vs float64          each lower precision available here against the float64 reference on
+                        the same rounded inputs, through :func:`layernorm.tolerances.compare`
+
+No check raises: a failure, or a gradient check with no verdict, is a row with passed=False.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._table import render
 from .dtypes import available, resolve
 from .gradcheck import GradcheckError, GradcheckInconclusive, check_vjp
 from .reference import layer_norm_backward, layer_norm_forward
 from .tolerances import compare, tolerance
+
+__all__ = ["LARGE_SHAPE", "SHAPES", "CheckRow", "run_checks"]
 
 SHAPES: tuple[tuple[int, ...], ...] = ((8, 64), (4, 16, 128), (2, 3, 5, 33), (6, 1))
 # Fast mode's cost does not grow with size: one large shape shows it (the s column).
@@ -26,6 +29,8 @@ LARGE_SHAPE: tuple[int, ...] = (8, 512, 1024)
 
 @dataclass(frozen=True)
 class CheckRow:
+    """One check: its errors, the tolerance as text, seconds taken, and why it failed."""
+
     shape: tuple[int, ...]
     dtype: str
     method: str
@@ -99,41 +104,3 @@ def run_checks(seed: int = 0) -> list[CheckRow]:
                     if name != "float64")
     rows.append(_gradcheck_row(LARGE_SHAPE, "fast", seed))
     return rows
-
-
-def format_table(rows: list[CheckRow], markdown: bool = False) -> str:
-    head = ["shape", "dtype", "check", "max abs err", "max rel err", "tolerance", "s", "result"]
-    body = [
-        [str(r.shape), r.dtype, r.method, f"{r.max_abs_err:.2e}", f"{r.max_rel_err:.2e}",
-         r.tolerance, f"{r.seconds:.2f}", "pass" if r.passed else "FAIL"]
-        for r in rows
-    ]
-    return render(head, body, markdown)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-
-
-def run(args: argparse.Namespace) -> int:
-    rows = run_checks(args.seed)
-    print(format_table(rows))
-    for r in rows:
-        if not r.passed:
-            print(f"\nFAIL {r.shape} {r.dtype} {r.method}: {r.detail}")
-    failed = sum(not r.passed for r in rows)
-    print(f"\n{len(rows) - failed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
-def report_section(ctx: object) -> str:
-    rows = run_checks()
-    failed = sum(not r.passed for r in rows)
-    return (
-        "Gradients of the NumPy reference checked by central differences in float64 "
-        "(`check_vjp`, fast and full modes), and each lower precision against the float64 "
-        "reference on the same rounded inputs (tolerances from `layernorm.tolerances`). "
-        "Reproduce with `layernorm check`.\n\n"
-        + format_table(rows, markdown=True)
-        + f"\n\n**{len(rows) - failed} passed, {failed} failed.**\n"
-    )

@@ -1,0 +1,257 @@
+"""The CPU benchmark's timing: every (provider, operation) of a case against a copy, in rounds.
+
+    bench_case          one case (norm, shape, dtype): check each provider against the float64
+                        reference, then time every (backend, op) pair and the copy
+    run_bench           every case, each row stamped with the machine and the time
+    set_threads         the thread count of Numba and PyTorch
+    first_call_latency  import and first calls of layernorm.cpu in a fresh process, cold then warm
+
+Check: each provider's results against :func:`layernorm.bench.providers.reference` through
+:func:`layernorm.tolerances.compare`; a row's ``check`` is the worst error in multiples of its
+tolerance (pass: <= 1), so a run shows how far off a provider is rather than stopping.
+
+Rounds: in each round every pair runs one batch (calls repeated for about 50 ms, 20 ms when
+quick), in an order rotated from round to round, with a pause between batches so that the
+idle threads of one OpenMP pool stop spinning before the next runs. Per pair, the per-call
+times of the rounds give p50 (p20-p80); speedups are medians over rounds of per-round ratios,
+since the pairs of one round ran under the same machine load.
+
+Bandwidth: GB/s on minimal bytes (:func:`layernorm.cost.minimal_bytes`; their sum for fwd+bwd)
+and that as a fraction of the copy's GB/s (:mod:`layernorm.bench.yardstick`, the same threads,
+read and write counted); without Numba the copy is NumPy's single-threaded ``np.copyto``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cost import minimal_bytes
+from ..dtypes import resolve
+from ..family import norm as family_norm
+from ..tolerances import compare
+from . import providers
+from .machine import machine_info
+
+__all__ = ["PAUSE_S", "STANDARD_SHAPES", "Case", "bench_case", "check", "first_call_latency",
+           "run_bench", "set_threads", "threads"]
+
+STANDARD_SHAPES: tuple[tuple[int, ...], ...] = ((8, 512, 768), (4, 1024, 4096), (1, 64, 65536))
+PAUSE_S = 0.005  # between batches: lets the previous OpenMP pool's spinning threads sleep
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmarked problem: ``shape`` (..., D) in ``dtype``, for ``norm``."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    norm: str = "layer_norm"
+
+    def __post_init__(self) -> None:
+        family_norm(self.norm)  # a ValueError naming the choices
+
+    @property
+    def M(self) -> int:
+        return int(np.prod(self.shape[:-1]))
+
+    @property
+    def D(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def label(self) -> str:
+        return (family_norm(self.norm).title + " " + "x".join(map(str, self.shape)) + " "
+                + self.dtype)
+
+
+def check(norm: str, got: tuple[np.ndarray, ...], want: tuple[np.ndarray, ...],
+          dtype: str) -> float:
+    """The largest error among ``norm``'s results in multiples of its tolerance (pass: <= 1;
+    inf where a result is non-finite and the reference is not)."""
+    worst = 0.0
+    for name, g, w in zip(providers.outputs(norm), got, want, strict=True):
+        c = compare(g, w, dtype, providers.quantity(norm, name))
+        ratio = abs(c.got - c.want) / c.bound
+        if not math.isfinite(ratio):  # matching infs or NaNs pass; a non-finite miss fails
+            ratio = 0.0 if c.ok else math.inf
+        worst = max(worst, ratio)
+    return worst
+
+
+def _copy_op(case: Case) -> tuple[Callable[[], object], str]:
+    dt = resolve(case.dtype)
+    src = np.ones((case.M, case.D), dt)  # (M, D)
+    dst = np.empty_like(src)
+    try:
+        from .yardstick import copy
+    except ImportError:
+        return (lambda: np.copyto(dst, src)), "np.copyto (1 thread)"
+    return (lambda: copy(src, dst)), "layernorm.bench.yardstick.copy"
+
+
+def _batch(fn: Callable[[], object], reps: int) -> float:
+    """Seconds per call over ``reps`` back-to-back calls."""
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def threads() -> int:
+    """The threads the timed libraries use: Numba's count, else PyTorch's, else 1."""
+    try:
+        import numba
+
+        return numba.get_num_threads()
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        return torch.get_num_threads()
+    except ImportError:
+        return 1
+
+
+def set_threads(n: int) -> None:
+    """Use ``n`` threads in Numba and PyTorch (those installed)."""
+    try:
+        import numba
+    except ImportError:
+        pass
+    else:
+        numba.set_num_threads(n)
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        torch.set_num_threads(n)
+
+
+def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
+               progress: Callable[[str], None]) -> list[dict]:
+    """Time one case; one row per (backend, op) plus one copy row (see the module doc)."""
+    a = providers.inputs(case.norm, case.shape, case.dtype)
+    itemsize = a["x"].itemsize
+    want = providers.reference(case.norm, a)
+    pairs: dict[tuple[str, str], Callable[[], object]] = {}
+    checks: dict[str, float] = {}
+    for name in backends:
+        progress(f"{case.label}: checking {name}")
+        ops, results = providers.PROVIDERS[(case.norm, name)].setup(a)
+        checks[name] = check(case.norm, results(), want, case.dtype)
+        for op, fn in ops.items():
+            pairs[(name, op)] = fn
+    copy_fn, copy_name = _copy_op(case)
+    pairs[("copy", "copy")] = copy_fn
+
+    target = 0.02 if quick else 0.05
+    reps = {}
+    for key, fn in pairs.items():
+        progress(f"{case.label}: warming up {key[0]} {key[1]}")
+        fn()  # compiles, faults the pages in
+        reps[key] = max(1, min(10_000, round(target / max(_batch(fn, 1), 1e-7))))
+    keys = list(pairs)
+    times: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
+    for r in range(rounds):
+        order = keys[r % len(keys):] + keys[:r % len(keys)]
+        for key in order:
+            progress(f"{case.label}: round {r + 1}/{rounds} {key[0]} {key[1]}")
+            time.sleep(PAUSE_S)
+            times[key].append(_batch(pairs[key], reps[key]))
+
+    copy_t = np.array(times[("copy", "copy")])  # (rounds,)
+    copy_bytes = 2 * case.M * case.D * itemsize
+    copy_gbps = copy_bytes / float(np.median(copy_t)) / 1e9
+    base = {
+        "norm": case.norm, "shape": list(case.shape), "M": case.M, "D": case.D,
+        "dtype": case.dtype, "threads": threads(), "rounds": rounds, "copy_gbps": copy_gbps,
+        "copy": copy_name,
+    }
+    rows = []
+    for (name, op), ts in times.items():
+        t = np.array(ts)  # (rounds,)
+        if name == "copy":
+            nbytes = copy_bytes
+        elif op == "fwd+bwd":
+            nbytes = (minimal_bytes("fwd", case.M, case.D, itemsize)
+                      + minimal_bytes("bwd", case.M, case.D, itemsize))
+        else:
+            nbytes = minimal_bytes(op, case.M, case.D, itemsize)
+        p20, p50, p80 = np.percentile(t, [20, 50, 80])
+        speedup = {
+            peer: float(np.median(np.array(times[(peer, op)]) / t))
+            for peer in backends if peer != name and (peer, op) in times
+        }
+        rows.append({
+            **base, "impl": name, "op": op, "reps": reps[(name, op)],
+            "p20_ms": p20 * 1e3, "p50_ms": p50 * 1e3, "p80_ms": p80 * 1e3,
+            "bytes": nbytes, "gbps": nbytes / p50 / 1e9,
+            "frac_copy": nbytes / p50 / 1e9 / copy_gbps,
+            "frac_copy_p20_p80": [nbytes / p80 / 1e9 / copy_gbps, nbytes / p20 / 1e9 / copy_gbps],
+            "speedup": speedup,
+            "check": None if name == "copy" else checks[name],
+        })
+    return rows
+
+
+def run_bench(cases: list[Case], backends: list[str], rounds: int, quick: bool,
+              progress: Callable[[str], None] | None = None) -> dict:
+    """Benchmark every case; returns ``{"meta": ..., "rows": [...]}`` (rows as bench_case).
+    ``progress`` receives a status message before each step."""
+    progress = progress or (lambda msg: None)
+    meta = {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "command": " ".join(["layernorm", *sys.argv[1:]]),
+        "threads": threads(),
+        "machine": machine_info(),
+    }
+    rows = []
+    for case in cases:
+        for row in bench_case(case, backends, rounds, quick, progress):
+            rows.append({**row, "timestamp": meta["timestamp"], "host": meta["host"],
+                         "machine": meta["machine"]})
+    return {"meta": meta, "rows": rows}
+
+
+# Runs in a fresh interpreter: import, then the first float32 forward and backward.
+_FIRST_CALL_SCRIPT = """
+import json, time
+t0 = time.perf_counter()
+import numpy as np
+import layernorm.cpu as lnc
+t1 = time.perf_counter()
+x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+y, cache = lnc.layer_norm_forward(x, np.ones(256, np.float32), np.zeros(256, np.float32))
+t2 = time.perf_counter()
+lnc.layer_norm_backward(y, cache)
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "forward_s": t2 - t1, "backward_s": t3 - t2}))
+"""
+
+
+def first_call_latency() -> dict[str, dict[str, float]]:
+    """Seconds to import ``layernorm.cpu`` and make the first float32 forward and backward in
+    a fresh process: ``cold`` with an empty Numba cache (it compiles), ``warm`` loading what
+    the cold run cached (what every later ``layernorm`` command pays)."""
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
+        result = {}
+        for label in ("cold", "warm"):
+            done = subprocess.run([sys.executable, "-c", _FIRST_CALL_SCRIPT], env=env,
+                                  capture_output=True, text=True, check=True)
+            result[label] = json.loads(done.stdout)
+    return result

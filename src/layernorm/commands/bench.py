@@ -1,0 +1,222 @@
+"""``layernorm bench``: time layer norm implementations against this machine's copy bandwidth.
+
+Implementations: the NumPy reference (``numpy``), the fused Numba kernels of
+:mod:`layernorm.cpu` (``fused``, outputs reused through ``out=``) and PyTorch's CPU
+``torch.nn.functional.layer_norm`` with autograd (``torch``), each when installed. Each is
+checked against the float64 reference (tolerances from :mod:`layernorm.tolerances`) before it
+is timed: the check column shows "ok" or the worst error in multiples of the tolerance (the
+command fails only for this package's implementations). Operations: ``fwd`` (the forward as
+in training: PyTorch records its graph), ``bwd`` (the backward alone: PyTorch's
+``autograd.grad`` on a kept graph) and ``fwd+bwd`` (one training step, timed as a unit).
+
+Method (:mod:`layernorm.bench.harness`): every (implementation, operation) pair and a copy
+run in interleaved rounds of batches of about 50 ms (20 ms with --quick); p50 (p20-p80) over
+the rounds, speedups as medians of per-round ratios. Bandwidth: GB/s on minimal bytes
+(2·M·D·itemsize forward, 3·M·D·itemsize backward, their sum for fwd+bwd), and that as a
+fraction of a copy of x's size with the same threads (:mod:`layernorm.bench.yardstick`).
+The run is saved as JSON (:mod:`layernorm.bench.results`). ``--device cuda`` runs the GPU
+benchmark instead (:mod:`layernorm.bench.gpu`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .. import _validate
+from ..bench import gpu, providers, results
+from ..bench.harness import STANDARD_SHAPES, Case, first_call_latency, run_bench, set_threads
+from ..dtypes import NAMES
+
+__all__ = ["add_arguments", "gpu_report_section", "parse_shape", "report_section", "run",
+           "run_cuda"]
+
+
+class Progress:
+    """A status line on stderr: rewritten in place on a terminal, else one line per case."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.case = ""
+
+    def __call__(self, msg: str) -> None:
+        if self.tty:
+            sys.stderr.write("\r\033[K" + msg)
+        else:
+            case = msg.split(":")[0]
+            if case == self.case:
+                return
+            self.case = case
+            sys.stderr.write(f"bench: {case} ...\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _run_bench(cases: list[Case], backends: list[str], rounds: int, quick: bool) -> dict:
+    progress = Progress()
+    result = run_bench(cases, backends, rounds, quick, progress)
+    progress.done()
+    return result
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"4096x1024"`` -> (4096, 1024), for argparse: every extent a positive integer."""
+    try:
+        return _validate.parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shape", action="append", type=parse_shape,
+                        help="shape like 4096x1024 (repeatable; replaces the standard shapes "
+                             + ", ".join("x".join(map(str, s)) for s in STANDARD_SHAPES) + ")")
+    parser.add_argument("--dtype", action="append", choices=NAMES,
+                        help="dtype (repeatable; default float32)")
+    parser.add_argument("--norm", choices=providers.norms(), default="layer_norm",
+                        help="the norm to time (default layer_norm)")
+    parser.add_argument("--impl", action="append", choices=providers.BACKENDS,
+                        help="implementation (repeatable; default: all installed)")
+    parser.add_argument("--threads", type=int, help="threads for Numba and PyTorch "
+                        "(default: Numba's default, all cores)")
+    parser.add_argument("--rounds", type=int, help="rounds of interleaved batches (default 9, "
+                        "5 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter batches")
+    parser.add_argument("--out", type=Path, help="JSON file (default bench/results/"
+                        "cpu-<host>-<time>.json)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu (layernorm.bench.harness) or cuda (layernorm.bench.gpu)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.device == "cuda":
+        return run_cuda(args)
+    if args.rounds is not None and args.rounds < 1:
+        raise SystemExit(f"layernorm bench: --rounds must be >= 1, got {args.rounds}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"layernorm bench: --threads must be >= 1, got {args.threads}")
+        try:
+            set_threads(args.threads)
+        except ValueError as exc:
+            raise SystemExit(f"layernorm bench: --threads {args.threads}: {exc}") from None
+    found = providers.available(args.norm)
+    wanted = args.impl or providers.BACKENDS
+    impls = [i for i in wanted if i in found]
+    missing = [i for i in wanted if i not in found]
+    if missing:
+        print(f"not installed, skipped: {', '.join(missing)}", file=sys.stderr)
+    cases = [Case(s, d, args.norm) for s in (args.shape or STANDARD_SHAPES)
+             for d in (args.dtype or ["float32"])]
+    rounds = args.rounds or (5 if args.quick else 9)
+    result = _run_bench(cases, impls, rounds, args.quick)
+    if "fused" in impls:
+        result["meta"]["first_call"] = first_call_latency()
+    rows = result["rows"]
+    print(f"layernorm bench: {result['meta']['threads']} threads, {rounds} rounds, "
+          f"copy = {rows[0]['copy']}; p50 (p20-p80) over rounds\n")
+    print(results.format_table(rows))
+    print()
+    print(results.summary_table(rows))
+    if "first_call" in result["meta"]:
+        print("\n" + results.format_latency(result["meta"]["first_call"]))
+    out = results.save(result, args.out or results.default_path())
+    print(f"\nsaved {out}")
+    # PyTorch sums dgamma/dbeta in float32, outside the float32 tolerance at large M: shown in
+    # the check column, not a failure of this package.
+    failed = [r for r in rows if r["impl"] in ("numpy", "fused") and r["check"] > 1]
+    return 1 if failed else 0
+
+
+def run_cuda(args: argparse.Namespace) -> int:
+    """``layernorm bench --device cuda``: measure, print the table, write the JSON.
+
+    Reads ``args.dtype`` (names or None: bfloat16 and float32), ``args.shape`` (see
+    :func:`layernorm.bench.gpu.parse_shapes`), ``args.quick``, ``args.out`` (.json file or
+    folder; default bench/results) and ``args.rounds`` (runs per measurement). Returns 0 when
+    done, 1 when our kernels disagree with the reference, 2 when nothing can be measured.
+    """
+    reason = gpu.unavailable()
+    if reason is not None:
+        print(reason)
+        return 2
+    dtypes = list(args.dtype or gpu.DEFAULT_DTYPES)
+    unknown = [d for d in dtypes if d not in gpu.GPU_DTYPES]
+    if unknown:
+        print(f"{gpu.COMMAND}: dtype must be one of {', '.join(gpu.GPU_DTYPES)}, got {unknown}")
+        return 2
+    shapes = gpu.parse_shapes(args.shape, args.quick)
+    rounds = args.rounds or (gpu.QUICK_ROUNDS if args.quick else gpu.ROUNDS)
+    rows, problems, device = gpu.measure(dtypes, shapes, rounds)
+    print()
+    print(gpu.format_table(rows))
+    path = gpu.write_results(rows, args.out, device)
+    print(f"\nresults written to {path}")
+    for p in problems:
+        print(f"note: {p}")
+    ours_wrong = any(p.startswith("layernorm ") and "differs" in p for p in problems)
+    return 1 if ours_wrong else 0
+
+
+def report_section(ctx: object) -> str:
+    """A short benchmark: the summary and full tables, and a bandwidth plot in ctx.outdir."""
+    cases = [Case(s, "float32") for s in STANDARD_SHAPES]
+    backends = providers.available()
+    result = _run_bench(cases, backends, 3 if ctx.quick else 5, quick=True)
+    rows = result["rows"]
+    latency = first_call_latency() if "fused" in backends else None
+    result["meta"]["first_call"] = latency
+    results.save(result, ctx.outdir / "bench_cpu.json")
+    png = results.plot_bandwidth(rows, ctx.outdir / "bench_cpu_bandwidth.png")
+    return (
+        f"Fused Numba kernels (`layernorm.cpu`) against the NumPy reference and PyTorch's CPU "
+        f"`layer_norm` with autograd, {result['meta']['threads']} threads, float32. Bandwidth is "
+        f"GB/s on minimal bytes (2·M·D·4 forward, 3·M·D·4 backward) over the copy bandwidth "
+        f"measured in the same run (`{rows[0]['copy']}`); p50 over interleaved rounds, with "
+        f"p20-p80 in brackets. Goals: forward >= {results.FWD_GOAL:.0%} and backward >= "
+        f"{results.BWD_GOAL:.0%} of copy, fwd+bwd >= {results.STEP_GOAL}x PyTorch. A short run: "
+        f"reproduce with `layernorm bench` (results in `bench/results/`). The check column "
+        f"compares each result with the float64 reference under `layernorm.tolerances`; "
+        f"PyTorch's float32 dgamma/dbeta are summed in float32 and fall outside the float32 "
+        f"'param' tolerance, which assumes float64 accumulation (shown, not failed).\n\n"
+        + results.summary_table(rows, markdown=True)
+        + ("" if latency is None else "\n\nCompiled kernels are cached on disk; "
+           + results.format_latency(latency) + ".")
+        + f"\n\n![bandwidth]({png.name})\n\n<details><summary>All rows</summary>\n\n"
+        + results.format_table(rows, markdown=True)
+        + "\n\n</details>\n"
+    )
+
+
+def gpu_report_section(ctx: object) -> str:
+    """The report's GPU section: the newest results as a table and a plot, or a note that there
+    are none yet and how to make them."""
+    path = gpu.latest_results()
+    if path is None:
+        return (
+            "No GPU measurements exist yet. On a machine with a CUDA GPU, run "
+            f"`{gpu.COMMAND}`: it writes `bench/results/gpu-<time>-<device>.json`, which the "
+            "next `layernorm report` shows here as a table and a bandwidth plot."
+        )
+    rows = gpu.load_results(path)
+    parts = [
+        f"Measured on {rows[0]['device']} by `{gpu.COMMAND}` (`{path.as_posix()}`). Fraction of "
+        "the copy bandwidth measured in the same run, on minimal bytes (2·M·N·itemsize "
+        "forward, 3·M·N·itemsize backward); `vs X` is X's time over ours (> 1: ours is faster). "
+        f"Goals on an H100: forward >= {gpu.GOALS['fwd']} and backward >= {gpu.GOALS['bwd']} of "
+        "copy for N >= 2K in bfloat16, >= 0.75 at 128K and 256K, never slower than the fastest "
+        "peer.",
+        "",
+        gpu.format_table(rows, markdown=True),
+    ]
+    try:
+        png = gpu.plot_bandwidth(rows, Path(ctx.outdir) / "gpu-bandwidth.png")
+        parts += ["", f"![fraction of copy bandwidth]({png.name})"]
+    except ImportError:
+        parts += ["", "(matplotlib is not installed: no plot.)"]
+    return "\n".join(parts) + "\n"
