@@ -77,7 +77,9 @@ def test_parse_shape():
 
 
 def test_cli_bench_saves_json(tmp_path, capsys):
-    """Protects `layernorm bench`: exit 0, the tables on stdout, the JSON at --out."""
+    """Protects `layernorm bench`: exit 0, the tables on stdout, the JSON at --out, every norm
+    of the family by default (rows: per norm, each implementation's three operations and a
+    copy)."""
     out = tmp_path / "r.json"
     argv = ["bench", "--shape", "2x48", "--rounds", "1", "--quick", "--out", str(out)]
     for impl in IMPLS:
@@ -86,7 +88,8 @@ def test_cli_bench_saves_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "2x48" in text and "copy GB/s" in text
     saved = results.load(out)
-    assert saved["meta"]["machine"]["numpy"] and len(saved["rows"]) == 3 * len(IMPLS) + 1
+    assert saved["meta"]["machine"]["numpy"]
+    assert len(saved["rows"]) == len(NORMS) * (3 * len(IMPLS) + 1)
     assert saved == json.loads(out.read_text())
 
 
@@ -129,13 +132,25 @@ def test_inputs_follow_the_norm():
         a = providers.inputs(name, (2, 8), "float32")
         assert set(a) == {*n.forward_inputs, *n.backward_inputs, *n.params}
         assert all(a[p].shape == (8,) for p in n.params) and a["x"].shape == (2, 8)
-    assert providers.norms() == ["layer_norm"]
+    assert providers.norms() == list(NORMS)
     a = providers.inputs("layer_norm", (2, 8), "float32")
     want = providers.reference("layer_norm", a)
     assert len(want) == len(providers.outputs("layer_norm")) == 4
     assert all(w.dtype == np.float64 for w in want)
     with pytest.raises(ValueError, match="norm must be one of"):
         harness.Case((2, 8), "float32", "group_norm")
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_every_provider_matches_the_reference(name):
+    """Protects the benchmark's providers of every norm (fused and PyTorch's composition
+    included): their results, in outputs() order, are within the tolerance table of the float64
+    reference, so the timed code computes the right thing."""
+    a = providers.inputs(name, (3, 40), "float32")
+    want = providers.reference(name, a)
+    for backend in providers.available(name):
+        got = providers.PROVIDERS[(name, backend)].setup(a)[1]()
+        assert harness.check(name, got, want, "float32") <= 1, backend
 
 
 def test_check_is_the_error_over_the_tolerance():

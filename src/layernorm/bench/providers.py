@@ -1,21 +1,24 @@
 """The CPU implementations ``layernorm bench`` times, keyed by (norm, backend).
 
-    ("layer_norm", "numpy")  the NumPy reference (:mod:`layernorm.reference`); in float64 it is
-                             also the oracle every provider is checked against
-    ("layer_norm", "fused")  the fused Numba kernels of :mod:`layernorm.cpu`, outputs reused
-                             through ``out=``
-    ("layer_norm", "torch")  PyTorch's CPU ``torch.nn.functional.layer_norm`` with autograd
+    (norm, "numpy")  the NumPy reference (:mod:`layernorm.reference`); in float64 it is also
+                     the oracle every provider is checked against
+    (norm, "fused")  the fused Numba kernels of :mod:`layernorm.cpu`, outputs reused through
+                     ``out=``
+    (norm, "torch")  PyTorch's CPU functions with autograd: ``F.layer_norm`` or ``F.rms_norm``,
+                     after ``h = x + residual`` for an add-norm
+
+for every norm of :data:`layernorm.family.NORMS`.
 
 Each provider turns a case's inputs into its operations, ``fwd`` (the forward as in training:
 PyTorch records its graph), ``bwd`` (the backward alone, from one forward's cache or kept
 graph) and ``fwd+bwd`` (one training step, timed as a unit), and a function returning its
-results in the order of :func:`outputs`. The norm (a name of :data:`layernorm.family.NORMS`)
-is a parameter of everything here and in the harness: a norm is benchmarked by adding its
-providers to :data:`PROVIDERS`.
+results in the order of :func:`outputs`. The norm is a parameter of everything here and in
+the harness.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,49 +47,59 @@ class Provider:
     setup: Callable[[dict[str, np.ndarray]], tuple[Ops, Results]]
 
 
-def _layer_norm_numpy(a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
+def _split(norm: str, a: dict[str, np.ndarray]) -> tuple[list, list, float]:
+    """``norm``'s forward arguments (inputs then parameters, as its functions take them), its
+    backward's cotangents (dy, and dh for an add-norm) and its eps."""
+    n = family_norm(norm)
+    args = [a[k] for k in (*n.forward_inputs, *n.params)]
+    cot = [a[k] for k in n.backward_inputs if k not in n.forward_inputs]
+    return args, cot, n.eps
+
+
+def _numpy(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
     from .. import reference as ref
 
-    eps = NORMS["layer_norm"].eps
-    x, g, b, dy = a["x"], a["gamma"], a["beta"], a["dy"]
-    cache = ref.layer_norm_forward(x, g, b, eps)[1]
-
-    def step():
-        return ref.layer_norm_backward(dy, ref.layer_norm_forward(x, g, b, eps)[1])
+    args, cot, eps = _split(norm, a)
+    fwd = getattr(ref, f"{norm}_forward")
+    bwd = getattr(ref, f"{norm}_backward")
+    cache = fwd(*args, eps)[-1]
 
     def results():
-        y, c = ref.layer_norm_forward(x, g, b, eps)
-        return (y, *ref.layer_norm_backward(dy, c))
+        *outs, c = fwd(*args, eps)
+        return (*outs, *bwd(*cot, c))
 
     ops = {
-        "fwd": lambda: ref.layer_norm_forward(x, g, b, eps),
-        "bwd": lambda: ref.layer_norm_backward(dy, cache),
-        "fwd+bwd": step,
+        "fwd": lambda: fwd(*args, eps),
+        "bwd": lambda: bwd(*cot, cache),
+        "fwd+bwd": lambda: bwd(*cot, fwd(*args, eps)[-1]),
     }
     return ops, results
 
 
-def _layer_norm_fused(a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
+def _fused(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
     from .. import cpu
 
-    eps = NORMS["layer_norm"].eps
-    x, g, b, dy = a["x"], a["gamma"], a["beta"], a["dy"]
-    y = np.empty_like(x)  # (..., D) outputs reused across calls
-    dx = np.empty_like(x)
-    cache = cpu.layer_norm_forward(x, g, b, eps, out=y)[1]
-
-    def step():
-        c = cpu.layer_norm_forward(x, g, b, eps, out=y)[1]
-        return cpu.layer_norm_backward(dy, c, out=dx)
+    n = family_norm(norm)
+    args, cot, eps = _split(norm, a)
+    fwd = getattr(cpu, f"{norm}_forward")
+    bwd = getattr(cpu, f"{norm}_backward")
+    x = a["x"]
+    # outputs reused across calls, as a training loop with buffers would
+    fwd_out = {"out": np.empty_like(x)}
+    bwd_out = {"out": np.empty_like(x)}
+    if n.residual:
+        fwd_out["out_h"] = np.empty_like(a["residual"])
+        bwd_out["out_dresidual"] = np.empty_like(a["residual"])
+    cache = fwd(*args, eps, **fwd_out)[-1]
 
     def results():
-        yy, c = cpu.layer_norm_forward(x, g, b, eps)
-        return (yy, *cpu.layer_norm_backward(dy, c))
+        *outs, c = fwd(*args, eps)
+        return (*outs, *bwd(*cot, c))
 
     ops = {
-        "fwd": lambda: cpu.layer_norm_forward(x, g, b, eps, out=y),
-        "bwd": lambda: cpu.layer_norm_backward(dy, cache, out=dx),
-        "fwd+bwd": step,
+        "fwd": lambda: fwd(*args, eps, **fwd_out),
+        "bwd": lambda: bwd(*cot, cache, **bwd_out),
+        "fwd+bwd": lambda: bwd(*cot, fwd(*args, eps, **fwd_out)[-1], **bwd_out),
     }
     return ops, results
 
@@ -108,36 +121,52 @@ def _from_torch(t) -> np.ndarray:
     return t.numpy()
 
 
-def _layer_norm_torch(a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
+def _torch(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
+    """PyTorch's own composition with autograd: ``F.layer_norm`` or ``F.rms_norm``, after
+    ``h = x + residual`` for an add-norm."""
     import torch
     import torch.nn.functional as F
 
-    eps = NORMS["layer_norm"].eps
-    x, g, b = (_to_torch(a[k]).requires_grad_(True) for k in ("x", "gamma", "beta"))
-    dy = _to_torch(a["dy"])
+    n = family_norm(norm)
+    args, cot, eps = _split(norm, a)
+    leaves = [_to_torch(v).requires_grad_(True) for v in args]
+    grads_out = [_to_torch(v) for v in cot]
     d = a["x"].shape[-1]
-    y = F.layer_norm(x, (d,), g, b, eps)
+
+    def forward():
+        if n.residual:
+            h = leaves[0] + leaves[1]
+            params = leaves[2:]
+        else:
+            h, params = leaves[0], leaves[1:]
+        y = (F.layer_norm(h, (d,), *params, eps) if n.centred
+             else F.rms_norm(h, (d,), *params, eps))
+        return (y, h) if n.residual else (y,)
+
+    kept = forward()
 
     def step():
-        return torch.autograd.grad(F.layer_norm(x, (d,), g, b, eps), (x, g, b), dy)
+        return torch.autograd.grad(forward(), leaves, grads_out)
 
     def results():
-        yy = F.layer_norm(x, (d,), g, b, eps)
-        grads = torch.autograd.grad(yy, (x, g, b), dy)
-        return tuple(_from_torch(t) for t in (yy, *grads))
+        outs = forward()
+        grads = torch.autograd.grad(outs, leaves, grads_out)
+        return tuple(_from_torch(t) for t in (*outs, *grads))
 
     ops = {
-        "fwd": lambda: F.layer_norm(x, (d,), g, b, eps),
-        "bwd": lambda: torch.autograd.grad(y, (x, g, b), dy, retain_graph=True),
+        "fwd": forward,
+        "bwd": lambda: torch.autograd.grad(kept, leaves, grads_out, retain_graph=True),
         "fwd+bwd": step,
     }
     return ops, results
 
 
+_BACKEND_SETUP = {"numpy": ("numpy", _numpy), "fused": ("numba", _fused),
+                  "torch": ("torch", _torch)}
+
 PROVIDERS: dict[tuple[str, str], Provider] = {
-    ("layer_norm", "numpy"): Provider("numpy", _layer_norm_numpy),
-    ("layer_norm", "fused"): Provider("numba", _layer_norm_fused),
-    ("layer_norm", "torch"): Provider("torch", _layer_norm_torch),
+    (norm, backend): Provider(needs, functools.partial(setup, norm))
+    for norm in NORMS for backend, (needs, setup) in _BACKEND_SETUP.items()
 }
 
 

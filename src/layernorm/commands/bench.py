@@ -1,8 +1,9 @@
-"""``layernorm bench``: time layer norm implementations against this machine's copy bandwidth.
+"""``layernorm bench``: time the family's implementations against this machine's copy bandwidth.
 
-Implementations: the NumPy reference (``numpy``), the fused Numba kernels of
-:mod:`layernorm.cpu` (``fused``, outputs reused through ``out=``) and PyTorch's CPU
-``torch.nn.functional.layer_norm`` with autograd (``torch``), each when installed. Each is
+Norms: every member of the family (``--norm`` picks). Implementations: the NumPy reference
+(``numpy``), the fused Numba kernels of :mod:`layernorm.cpu` (``fused``, outputs reused through
+``out=``) and PyTorch's CPU functions with autograd (``torch``: ``F.layer_norm`` or
+``F.rms_norm``, after ``x + residual`` for an add-norm), each when installed. Each is
 checked against the float64 reference (tolerances from :mod:`layernorm.tolerances`) before it
 is timed: the check column shows "ok" or the worst error in multiples of the tolerance (the
 command fails only for this package's implementations). Operations: ``fwd`` (the forward as
@@ -12,7 +13,8 @@ in training: PyTorch records its graph), ``bwd`` (the backward alone: PyTorch's
 Method (:mod:`layernorm.bench.harness`): every (implementation, operation) pair and a copy
 run in interleaved rounds of batches of about 50 ms (20 ms with --quick); p50 (p20-p80) over
 the rounds, speedups as medians of per-round ratios. Bandwidth: GB/s on minimal bytes
-(2·M·D·itemsize forward, 3·M·D·itemsize backward, their sum for fwd+bwd), and that as a
+(each (M, D) input read once and each output written once: :func:`layernorm.cost.minimal_bytes`;
+their sum for fwd+bwd), and that as a
 fraction of a copy of x's size with the same threads (:mod:`layernorm.bench.yardstick`).
 The run is saved as JSON (:mod:`layernorm.bench.results`). ``--device cuda`` runs the GPU
 benchmark instead (:mod:`layernorm.bench.gpu`).
@@ -78,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              + ", ".join("x".join(map(str, s)) for s in STANDARD_SHAPES) + ")")
     parser.add_argument("--dtype", action="append", choices=NAMES,
                         help="dtype (repeatable; default float32)")
-    parser.add_argument("--norm", choices=providers.norms(), default="layer_norm",
-                        help="the norm to time (default layer_norm)")
+    parser.add_argument("--norm", action="append", choices=providers.norms(),
+                        help="norm (repeatable; default: every norm of the family)")
     parser.add_argument("--impl", action="append", choices=providers.BACKENDS,
                         help="implementation (repeatable; default: all installed)")
     parser.add_argument("--threads", type=int, help="threads for Numba and PyTorch "
@@ -105,13 +107,14 @@ def run(args: argparse.Namespace) -> int:
             set_threads(args.threads)
         except ValueError as exc:
             raise SystemExit(f"layernorm bench: --threads {args.threads}: {exc}") from None
-    found = providers.available(args.norm)
+    norms = args.norm or providers.norms()
+    found = providers.available(norms[0])
     wanted = args.impl or providers.BACKENDS
     impls = [i for i in wanted if i in found]
     missing = [i for i in wanted if i not in found]
     if missing:
         print(f"not installed, skipped: {', '.join(missing)}", file=sys.stderr)
-    cases = [Case(s, d, args.norm) for s in (args.shape or STANDARD_SHAPES)
+    cases = [Case(s, d, n) for n in norms for s in (args.shape or STANDARD_SHAPES)
              for d in (args.dtype or ["float32"])]
     rounds = args.rounds or (5 if args.quick else 9)
     result = _run_bench(cases, impls, rounds, args.quick)
