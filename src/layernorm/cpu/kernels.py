@@ -368,16 +368,17 @@ def forward_kernel(x, residual, zp, scale, beta, eps, centred, y, h, stats, chec
 def _write_dx(xr, dyr, dhr, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, ndy):
     """dx = rstd * ((u - mean_g) - xhat * mean_gxhat) [+ dh]; pg += dy * xhat; pb += dy.
 
-    xr, dyr, scale, dxr: (D,); dhr, drr: (D,) for an add-norm (dx also written to drr), else
-    empty; pg, pb: (D,) float64. Prefetches the next row's x and dy (``nx``, ``ndy``). No FMA
-    contraction: fusing dy * scale - mean_g would use the unrounded product where mean_g summed
-    the rounded one (for D = 1, dx != 0).
+    xr, dyr, scale, dxr: (D,); for an add-norm drr (D,) receives dx too and dhr is (D,) or
+    (0,) without dh; for a plain norm both are (0,). pg, pb: (D,) float64. Prefetches the next
+    row's x and dy (``nx``, ``ndy``). The three cases are three loops, so that each vectorises.
+    No FMA contraction: fusing dy * scale - mean_g would use the unrounded product where mean_g
+    summed the rounded one (for D = 1, dx != 0).
     """
     D = xr.shape[0]
-    add = dhr.shape[0] > 0
-    two = drr.shape[0] > 0
     xz = dxr.dtype.type(0)
     rz = drr.dtype.type(0)
+    add = drr.shape[0] > 0
+    with_dh = dhr.shape[0] > 0
     for j0 in range(0, D, SPAN):
         xb = xr[j0:j0 + SPAN]  # (<= SPAN,)
         db = dyr[j0:j0 + SPAN]
@@ -385,17 +386,34 @@ def _write_dx(xr, dyr, dhr, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, nd
         ob = dxr[j0:j0 + SPAN]
         pgb = pg[j0:j0 + SPAN]
         pbb = pb[j0:j0 + SPAN]
-        for j in range(xb.shape[0]):
-            dy = _ld(db[j])
-            xhat = ((_ld(xb[j]) - hi) - lo) * rc
-            v = rc * ((dy * gb[j] - mg) - xhat * mgx)
-            if add:
-                v += _ld(dhr[j0 + j])
-            ob[j] = _to(v, xz)
-            if two:
-                drr[j0 + j] = _to(v, rz)
-            pgb[j] += dy * xhat  # the product rounded to T, as in the reference
-            pbb[j] += dy
+        if not add:
+            for j in range(xb.shape[0]):
+                dy = _ld(db[j])
+                xhat = ((_ld(xb[j]) - hi) - lo) * rc
+                ob[j] = _to(rc * ((dy * gb[j] - mg) - xhat * mgx), xz)
+                pgb[j] += dy * xhat  # the product rounded to T, as in the reference
+                pbb[j] += dy
+        elif with_dh:
+            hb = dhr[j0:j0 + SPAN]
+            rb = drr[j0:j0 + SPAN]
+            for j in range(xb.shape[0]):
+                dy = _ld(db[j])
+                xhat = ((_ld(xb[j]) - hi) - lo) * rc
+                v = rc * ((dy * gb[j] - mg) - xhat * mgx) + _ld(hb[j])
+                ob[j] = _to(v, xz)
+                rb[j] = _to(v, rz)
+                pgb[j] += dy * xhat
+                pbb[j] += dy
+        else:
+            rb = drr[j0:j0 + SPAN]
+            for j in range(xb.shape[0]):
+                dy = _ld(db[j])
+                xhat = ((_ld(xb[j]) - hi) - lo) * rc
+                v = rc * ((dy * gb[j] - mg) - xhat * mgx)
+                ob[j] = _to(v, xz)
+                rb[j] = _to(v, rz)
+                pgb[j] += dy * xhat
+                pbb[j] += dy
         _prefetch_span(nx, j0, j0 + SPAN)
         _prefetch_span(ndy, j0, j0 + SPAN)
 
