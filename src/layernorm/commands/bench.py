@@ -168,7 +168,7 @@ def run_cuda(args: argparse.Namespace) -> int:
 
 def report_section(ctx: object) -> str:
     """A short benchmark: the summary and full tables, and a bandwidth plot in ctx.outdir."""
-    cases = [Case(s, "float32") for s in STANDARD_SHAPES]
+    cases = [Case(s, "float32", n) for n in providers.norms() for s in STANDARD_SHAPES]
     backends = providers.available()
     result = _run_bench(cases, backends, 3 if ctx.quick else 5, quick=True)
     rows = result["rows"]
@@ -177,9 +177,11 @@ def report_section(ctx: object) -> str:
     results.save(result, ctx.outdir / "bench_cpu.json")
     png = results.plot_bandwidth(rows, ctx.outdir / "bench_cpu_bandwidth.png")
     return (
-        f"Fused Numba kernels (`layernorm.cpu`) against the NumPy reference and PyTorch's CPU "
-        f"`layer_norm` with autograd, {result['meta']['threads']} threads, float32. Bandwidth is "
-        f"GB/s on minimal bytes (2·M·D·4 forward, 3·M·D·4 backward) over the copy bandwidth "
+        f"Fused Numba kernels (`layernorm.cpu`) for every norm of the family against the NumPy "
+        f"reference and PyTorch's CPU functions with autograd (`F.layer_norm`, `F.rms_norm`, "
+        f"after `x + residual` for the add-norms), {result['meta']['threads']} threads, "
+        f"float32. Bandwidth is GB/s on minimal bytes (each (M, D) input read once, each output "
+        f"written once: `layernorm.cost.minimal_bytes`) over the copy bandwidth "
         f"measured in the same run (`{rows[0]['copy']}`); p50 over interleaved rounds, with "
         f"p20-p80 in brackets. Goals: forward >= {results.FWD_GOAL:.0%} and backward >= "
         f"{results.BWD_GOAL:.0%} of copy, fwd+bwd >= {results.STEP_GOAL}x PyTorch. A short run: "
