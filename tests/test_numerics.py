@@ -1,5 +1,6 @@
-"""layernorm.numerics: the exact oracle, the variance algorithms, Chan's merge and the error
-measures; and the reference's accuracy targets (issue 3), asserted against the exact oracle."""
+"""layernorm.numerics: the exact oracle (every norm of the family), the variance algorithms,
+Chan's merge and the error measures; and the reference's accuracy targets, asserted against the
+exact oracle."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 import layernorm as ln
 from layernorm import numerics as nx
+from layernorm.family import NORMS
 
 RNG = np.random.default_rng(2024)
 U32 = 2.0**-24
@@ -41,25 +43,29 @@ def _errors(x, gamma, beta, dy, eps=1e-5):
 # --- the exact oracle ----------------------------------------------------------------------
 
 
-def _mpmath_layer_norm(x, gamma, beta, eps, dy):
-    """The textbook formulas at 300 bits with mpmath: independent of the integer oracle."""
+def _mpmath_norm(x, gamma, beta, eps, dy, centred=True, zero_centered_gamma=False, dh=None):
+    """The textbook formulas at 300 bits with mpmath: independent of the integer oracle.
+    LayerNorm (centred) or RMSNorm; scale = 1 + gamma with zero_centered_gamma; dx + dh."""
     mpmath = pytest.importorskip("mpmath")
     mp = mpmath.mp.clone()
     mp.prec = 300
     m, d = x.shape
     y, dx = np.empty((m, d)), np.empty((m, d))
     f = [[mp.mpf(float(v)) for v in row] for row in x.astype(np.float64)]
+    scale = [mp.mpf(float(v)) + (1 if zero_centered_gamma else 0) for v in gamma]
+    shift = [mp.mpf(float(v)) for v in beta] if beta is not None else [mp.mpf(0)] * d
     for r in range(m):
-        mean = mp.fsum(f[r]) / d
+        mean = mp.fsum(f[r]) / d if centred else mp.mpf(0)
         var = mp.fsum([(v - mean) ** 2 for v in f[r]]) / d
         rstd = 1 / mp.sqrt(var + mp.mpf(eps))
         xhat = [(v - mean) * rstd for v in f[r]]
-        g = [mp.mpf(float(dy[r, j])) * mp.mpf(float(gamma[j])) for j in range(d)]
-        mg = mp.fsum(g) / d
+        g = [mp.mpf(float(dy[r, j])) * scale[j] for j in range(d)]
+        mg = mp.fsum(g) / d if centred else mp.mpf(0)
         mgx = mp.fsum([g[j] * xhat[j] for j in range(d)]) / d
         for j in range(d):
-            y[r, j] = float(mp.mpf(float(gamma[j])) * xhat[j] + mp.mpf(float(beta[j])))
-            dx[r, j] = float(rstd * (g[j] - mg - xhat[j] * mgx))
+            y[r, j] = float(scale[j] * xhat[j] + shift[j])
+            extra = mp.mpf(float(dh[r, j])) if dh is not None else 0
+            dx[r, j] = float(rstd * (g[j] - mg - xhat[j] * mgx) + extra)
     return y, dx
 
 
@@ -75,9 +81,65 @@ def test_exact_oracle_agrees_with_mpmath(dtype, offset, std, eps):
     gamma, beta = _affine(17, dt)
     dy = RNG.standard_normal((3, 17)).astype(dt)
     ex = nx.exact_layer_norm(x, gamma, beta, eps, dy)
-    y, dx = _mpmath_layer_norm(x, gamma, beta, eps, dy)
+    y, dx = _mpmath_norm(x, gamma, beta, eps, dy)
     np.testing.assert_allclose(ex.y, y, rtol=2.3e-16, atol=0)
     np.testing.assert_allclose(ex.dx, dx, rtol=2.3e-16, atol=0)
+
+
+@pytest.mark.parametrize(
+    "norm,dtype,offset,std,eps,zcg",
+    [("rms_norm", "float64", 0.0, 1.0, 1e-6, False),
+     ("rms_norm", "float32", 1e4, 1.0, 1e-6, True),
+     ("rms_norm", "bfloat16", 0.0, 1e25, 1e-6, False),
+     ("rms_norm", "float64", 0.0, 1e250, 1e-6, True),
+     ("rms_norm", "float16", 0.0, 1e-3, 0.5, False),
+     ("add_rms_norm", "float32", 3.0, 1.0, 1e-6, False),
+     ("add_layer_norm", "float64", 1e8, 1e-3, 1e-12, True),
+     ("add_layer_norm", "bfloat16", 5.0, 3.0, 1e-5, False)],
+)
+def test_exact_norm_agrees_with_mpmath_across_the_family(norm, dtype, offset, std, eps, zcg):
+    """Protects exact_norm for RMSNorm (including squares beyond float64's range and eps that
+    dominates), zero-centred gamma and the add-norms (the rounded h and dx = dh + dnorm):
+    the integer arithmetic agrees with 300-bit mpmath to 1 ulp of float64."""
+    fam = NORMS[norm]
+    dt = _dtype(dtype)
+    v = offset + std * RNG.standard_normal((3, 13))
+    gamma = (0.1 * RNG.standard_normal(13) if zcg else 1 + 0.5 * RNG.standard_normal(13)).astype(dt)
+    beta = RNG.standard_normal(13).astype(dt) if fam.centred else None
+    dy = RNG.standard_normal((3, 13)).astype(dt)
+    dh = None
+    x = v.astype(dt)
+    if fam.residual:
+        residual = (0.5 * v).astype(dt)
+        x = np.add((v - residual.astype(np.float64)).astype(dt), residual, dtype=np.float64)
+        x = x.astype(dt)  # h, rounded once: what the oracle takes for an add-norm
+        dh = RNG.standard_normal((3, 13)).astype(dt)
+    ex = nx.exact_norm(x, gamma, beta, eps, dy, centred=fam.centred, zero_centered_gamma=zcg,
+                       dh=dh)
+    y, dx = _mpmath_norm(x, gamma, beta, eps, dy, fam.centred, zcg, dh)
+    np.testing.assert_allclose(ex.y, y, rtol=2.3e-16, atol=0)
+    np.testing.assert_allclose(ex.dx, dx, rtol=2.3e-16, atol=0)
+    assert (ex.dbeta is None) == (not fam.centred)
+
+
+def test_exact_rms_norm_closed_forms():
+    """Protects the RMSNorm oracle on answers known in closed form: a zero row has y = 0 and
+    dx = g/sqrt(eps); a row of equal values c has xhat = c/sqrt(c**2 + eps) and, for dy = 1,
+    dx = rstd*(1 - xhat**2) = eps/(c**2 + eps)**1.5 (only eps keeps g = 1 off xhat); RMSNorm's
+    xhat of x is LayerNorm's of the row [x, -x] (mean 0, the same mean square)."""
+    eps = 1e-6
+    zero = nx.exact_norm(np.zeros((1, 4)), dy=np.array([[1.0, -2.0, 0.5, 3.0]]), eps=eps,
+                         centred=False)
+    np.testing.assert_array_equal(zero.y, 0.0)
+    np.testing.assert_allclose(zero.dx, [[1.0, -2.0, 0.5, 3.0]] / np.sqrt(eps), rtol=1e-15)
+    const = nx.exact_norm(np.full((1, 5), 3.0), dy=np.ones((1, 5)), eps=eps, centred=False)
+    np.testing.assert_allclose(const.xhat, 3.0 / math.sqrt(9.0 + eps), rtol=1e-15)
+    np.testing.assert_allclose(const.dx, eps / (9.0 + eps) ** 1.5, rtol=1e-15)
+    x = RNG.standard_normal((2, 6))
+    rms = nx.exact_norm(x, eps=eps, centred=False)
+    mirrored = nx.exact_norm(np.concatenate([x, -x], axis=1), eps=eps)
+    np.testing.assert_allclose(rms.xhat, mirrored.xhat[:, :6], rtol=1e-15, atol=0)
+    np.testing.assert_array_equal(rms.mean, 0.0)
 
 
 def test_exact_oracle_closed_forms():
@@ -115,6 +177,12 @@ def test_exact_oracle_keeps_leading_axes_and_overflowing_variance():
 
 def test_exact_oracle_rejects_bad_input():
     """Protects the oracle's input checks: errors name the argument."""
+    with pytest.raises(ValueError, match="dh needs dy"):
+        nx.exact_norm(np.ones((2, 3)), dh=np.ones((2, 3)))
+    with pytest.raises(ValueError, match="dh must have the shape of x"):
+        nx.exact_norm(np.ones((2, 3)), dy=np.ones((2, 3)), dh=np.ones(3))
+    with pytest.raises(ValueError, match="beta must be None for RMSNorm"):
+        nx.exact_norm(np.ones((2, 3)), beta=np.ones(3), centred=False)
     with pytest.raises(ValueError, match="x must be finite"):
         nx.exact_layer_norm(np.array([[1.0, np.nan]]))
     with pytest.raises(ValueError, match="dy must have the shape of x"):
@@ -233,7 +301,7 @@ def test_algorithm_input_checks():
                             1e-5, "float16")
 
 
-# --- the reference against the exact oracle: the targets of issue 3 ---------------------
+# --- the reference against the exact oracle: the accuracy targets -----------------------
 
 
 def test_float64_large_offset_tiny_variance():
@@ -314,7 +382,7 @@ def test_zero_variance_rows(dtype):
 )
 def test_rows_whose_squares_overflow(dtype, scale):
     """Protects the rescaled path: |x| so large that the sum or the squares overflow cdt
-    (before: y = beta or NaN). Also the sum overflow at 3e37 * 64 rows' worth of values."""
+    (without it: y = beta or NaN). Also the sum overflow at 3e37 * 64 rows' worth of values."""
     dt = _dtype(dtype)
     x = (scale * (3 + RNG.standard_normal((3, 64)))).astype(dt)
     x[1] = x[1, 0]  # a constant row: xhat = 0, rstd = 1/sqrt(eps)
@@ -342,14 +410,16 @@ def test_dgamma_dbeta_over_a_million_rows():
     assert nx.relative_error(dy.sum(axis=0), want_b) > 10 * nx.relative_error(dbeta, want_b)
 
 
-def test_float64_param_grads_is_exact_enough():
-    """Protects the many-row oracle against the exact one on a size both can do."""
+@pytest.mark.parametrize("centred", [True, False])
+def test_float64_param_grads_is_exact_enough(centred):
+    """Protects the many-row oracle (LayerNorm and RMSNorm) against the exact one on a size
+    both can do."""
     x = RNG.standard_normal((300, 5)).astype(np.float32)
     dy = RNG.standard_normal((300, 5)).astype(np.float32)
-    ex = nx.exact_layer_norm(x, dy=dy)
-    dgamma, dbeta = nx.float64_param_grads(x, dy)
+    ex = nx.exact_norm(x, dy=dy, centred=centred)
+    dgamma, dbeta = nx.float64_param_grads(x, dy, centred=centred)
     np.testing.assert_allclose(dgamma, ex.dgamma, rtol=1e-14, atol=1e-14)
-    np.testing.assert_array_equal(dbeta, ex.dbeta)
+    np.testing.assert_array_equal(dbeta, nx.exact_layer_norm(x, dy=dy).dbeta)
 
 
 # --- the backward's cancellation ----------------------------------------------------------

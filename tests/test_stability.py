@@ -17,12 +17,12 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "numerics.md"
 
 
 def test_command_prints_the_tables_and_writes_the_plot(tmp_path, capsys):
-    """Protects `layernorm stability --quick`: four tables, every target met, a PNG written."""
+    """Protects `layernorm stability --quick`: five tables, every target met, a PNG written."""
     png = tmp_path / "sweep.png"
     assert cli.main(["stability", "--quick", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     for title in ("Variance algorithms", "The library against the targets",
-                  "The backward's cancellation", "Speed"):
+                  "The backward's cancellation", "The family against the targets", "Speed"):
         assert title in out
     assert "targets: all met" in out and "FAIL" not in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -121,3 +121,63 @@ def test_doc_figures_are_what_the_command_prints(capsys):
         "docs/numerics.md is stale: paste the output of `layernorm stability --no-timing` "
         "into its appendix"
     )
+
+
+_SMALL = stability.Sizes(rows=2, d=64, long_d=1000, many_rows=20_000, timing_shape=(8, 8),
+                         repeats=1)
+
+
+@pytest.fixture(scope="module")
+def family():
+    """Table 4 on small sizes: (table, failed targets)."""
+    pytest.importorskip("ml_dtypes")
+    return stability.family_table(_SMALL, np.random.default_rng(5))
+
+
+def test_family_table_meets_every_target(family):
+    """Protects the family's accuracy: RMSNorm, add+LayerNorm and add+RMSNorm, in every
+    dtype and each backend, meet the targets against the exact oracle (float64 1e-13, float32
+    y 2e-6 and dx 2e-5, half dtypes 2 ulps, h correctly rounded), with RMSNorm's dgamma over
+    many rows within 1e-6."""
+    table, failed = family
+    assert failed == []
+    assert all(row[-2] == "pass" for row in table.rows)
+    titles = {row[0] for row in table.rows}
+    assert titles == {n.title for n in stability.NORMS.values()}
+    for title in ("RMSNorm", "add+LayerNorm", "add+RMSNorm"):
+        assert {row[2] for row in table.rows if row[0] == title} == {
+            "float64", "float32", "float16", "bfloat16"}
+    many = [row for row in table.rows if row[1].startswith("many rows")]
+    assert many and all(row[0] == "RMSNorm" and "dgamma <= 1e-06" in row[-3] for row in many)
+
+
+def test_family_table_covers_overflow_and_zero_centred_gamma(family):
+    """Protects the rows that matter most: every RMS norm has rows whose squares overflow
+    float32, bfloat16 and float64 (|x| up to 1e30 and 1e300), and every norm a zero-centred
+    gamma row, all with a target."""
+    rows = family[0].rows
+    for title in ("RMSNorm", "add+RMSNorm"):
+        overflow = {row[2] for row in rows if row[0] == title and "squares overflow" in row[1]}
+        assert overflow == {"float32", "bfloat16", "float64"}
+    for norm in stability.NORMS.values():
+        assert any(row[0] == norm.title and "zero-centred gamma" in row[1] and row[-3]
+                   for row in rows)
+
+
+def test_family_table_reports_a_planted_error(monkeypatch):
+    """Protects table 4's verdicts: an RMSNorm forward off by 1e-5 fails its float32 target,
+    and the failure names the norm, the case and the backend."""
+    from layernorm import reference
+
+    real = reference.rms_norm_forward
+
+    def off(*args, **kwargs):
+        y, cache = real(*args, **kwargs)
+        return y * (1 + 1e-5), cache
+
+    monkeypatch.setattr(reference, "rms_norm_forward", off)
+    sizes = stability.Sizes(rows=2, d=32, long_d=100, many_rows=100, timing_shape=(8, 8),
+                            repeats=1)
+    failed = stability.family_table(sizes, np.random.default_rng(0))[1]
+    assert any(f.startswith("RMSNorm: N(0, 1) [float32, reference] y:") for f in failed)
+    assert not any(f.startswith("add+RMSNorm") or "fused CPU" in f for f in failed)

@@ -1,4 +1,4 @@
-r"""Variance algorithms and an exact oracle: where layer norm loses accuracy, measured.
+r"""Variance algorithms and an exact oracle: where the norms lose accuracy, measured.
 
 Layer norm needs, per row x of length D, the mean and the population variance
 var = (1/D) sum_j (x_j - mean)^2. Five ways to compute them, each in a chosen arithmetic dtype
@@ -24,17 +24,20 @@ and ``var``. :func:`normalize` turns them into xhat = ((x - mean) - mean_lo)/sqr
 in the same dtype. Sums are NumPy's: pairwise along a contiguous row, except that NumPy sums
 float16 with float32 partial sums and bfloat16 (ml_dtypes) sequentially in bfloat16.
 
-The exact oracle, :func:`exact_layer_norm`, takes the float inputs as exact binary values.
-Every finite float is an integer times a power of two, so with one exponent per array the sum
-S of a row, the scaled centred values D*x_j - S and the sum Q of their squares are exact
-Python integers, and var + eps = Q*4**e/D**3 + eps is an exact rational. rstd = 1/sqrt(var +
-eps) is the one irrational number: it is computed to 160 bits with ``math.isqrt``. The
-backward's bracket g - mean(g) - xhat*mean(g*xhat) equals
-g - mean(g) - (x - mean)*mean(g*(x - mean))/(var + eps), a rational, so it is exact; xhat, y
-and dx are one product with rstd away. Each result is rounded once, correctly, to float64
-(Python's int/int division is correctly rounded), so errors below 2**-53 of a value are not
-resolved. NumPy and the standard library only: about ten big-integer operations per element
-(four rows of D = 1e5 take about half a second).
+The exact oracle, :func:`exact_norm` (LayerNorm, RMSNorm, and the add-norms given the rounded
+h and dh; :func:`exact_layer_norm` is its LayerNorm), takes the float inputs as exact binary
+values. Every finite float is an integer times a power of two, so with one exponent per array
+the sum S of a row, the scaled centred values D*x_j - S and the sum Q of their squares are
+exact Python integers, and var + eps = Q*4**e/D**3 + eps is an exact rational (RMSNorm: the
+same with S = 0, so Q/D**3 is mean(x**2)). rstd = 1/sqrt(var + eps) is the one irrational
+number: it is computed to 160 bits with ``math.isqrt``. The backward's bracket
+g - mean(g) - xhat*mean(g*xhat) equals g - mean(g) - (x - mean)*mean(g*(x - mean))/(var + eps),
+a rational, so it is exact (RMSNorm: no mean(g), and x for x - mean); xhat, y and dx are one
+product with rstd away, and an add-norm's dh is added to dx before the one rounding. Each
+result is rounded once, correctly, to float64 (Python's int/int division is correctly
+rounded), so errors below 2**-53 of a value are not resolved. NumPy and the standard library
+only: about ten big-integer operations per element (four rows of D = 1e5 take about half a
+second).
 
 Errors are reported normwise, :func:`relative_error` = max|got - exact|/max|exact|, and in
 units of the output dtype's ulp at max|exact| (:func:`ulp_error`).
@@ -51,7 +54,7 @@ from numpy.typing import DTypeLike
 
 from ._validate import as_float_array, check_eps, check_param
 from .dtypes import DTYPES
-from .reference import NormCache, layer_norm_backward, layer_norm_forward
+from .reference import NormCache, layer_norm_backward, layer_norm_forward, rms_norm_forward
 
 __all__ = [
     "BACKWARD_MECHANISMS",
@@ -62,6 +65,7 @@ __all__ = [
     "cancellation_inputs",
     "chan_merge",
     "exact_layer_norm",
+    "exact_norm",
     "float32_backward",
     "float64_param_grads",
     "moments",
@@ -281,13 +285,14 @@ _RSTD_BITS = 160
 
 @dataclass(frozen=True)
 class Exact:
-    """Exact layer norm of given float inputs, each value correctly rounded to float64.
+    """Exact norm of given float inputs, each value correctly rounded to float64.
 
     Attributes:
-        mean, var, rstd: x.shape[:-1].
-        xhat, y: x.shape; y = gamma*xhat + beta (gamma = 1, beta = 0 where not given).
-        dx: x.shape, or None without dy.
-        dgamma, dbeta: (D,) sums over all rows of dy*xhat and dy, or None without dy.
+        mean, var, rstd: x.shape[:-1]; for RMSNorm mean = 0 and var = mean(x**2).
+        xhat, y: x.shape; y = scale*xhat + beta (scale = 1, beta = 0 where not given).
+        dx: x.shape (dh + the norm's dx for an add-norm), or None without dy.
+        dgamma: (D,) the sum over all rows of dy*xhat, or None without dy.
+        dbeta: (D,) the sum over all rows of dy, or None without dy or for RMSNorm.
     """
 
     mean: np.ndarray
@@ -335,23 +340,45 @@ def _finite(a: np.ndarray | None, name: str) -> None:
         raise ValueError(f"{name} must be finite for the exact oracle")
 
 
-def exact_layer_norm(
+def _plus_one(ints: np.ndarray, e: int) -> tuple[np.ndarray, int]:
+    """(ints * 2**e + 1) as integers and an exponent: 1 + gamma, exactly."""
+    if e > 0:
+        return ints * (1 << e) + 1, 0
+    return ints + (1 << -e), e
+
+
+def exact_norm(
     x: np.ndarray,
     gamma: np.ndarray | None = None,
     beta: np.ndarray | None = None,
     eps: float = 1e-5,
     dy: np.ndarray | None = None,
+    *,
+    centred: bool = True,
+    zero_centered_gamma: bool = False,
+    dh: np.ndarray | None = None,
 ) -> Exact:
-    """Layer norm and its gradients for the inputs as given, exactly (see the module doc).
+    """A norm of the family and its gradients for the inputs as given, exactly (module doc).
+
+    LayerNorm with ``centred``, RMSNorm without: the RMSNorm row is the LayerNorm row with the
+    mean taken as 0 (D*x = c * 2**ex, mean(x**2) + eps = v/w) and no mean(g) in the bracket,
+    g - x*mean(g*x)/(mean(x**2) + eps). An add-norm is the norm of h = x + residual as the
+    forward rounded it: pass that h as ``x`` and the residual stream's gradient as ``dh``;
+    dx (= dresidual) is then dh + the norm's dx, summed exactly and rounded once.
 
     Args:
-        x: (..., D) finite floats of any float dtype, taken as exact values.
-        gamma, beta: (D,) or None.
+        x: (..., D) finite floats of any float dtype, taken as exact values (h for an add-norm).
+        gamma: (D,) or None. With ``zero_centered_gamma`` the scale is 1 + gamma, exactly.
+        beta: (D,) or None; LayerNorm only.
         eps: finite positive float, taken as its exact binary value.
         dy: x.shape, or None for the forward only.
+        centred: True for LayerNorm, False for RMSNorm.
+        zero_centered_gamma: scale by 1 + gamma.
+        dh: x.shape or None: added to dx (needs dy).
 
     Returns:
-        An :class:`Exact`, every array float64.
+        An :class:`Exact`, every array float64; for RMSNorm ``mean`` is 0, ``var`` is
+        mean(x**2) and ``dbeta`` is None.
     """
     x = as_float_array(x, "x")
     if x.ndim == 0 or x.shape[-1] == 0:
@@ -359,20 +386,29 @@ def exact_layer_norm(
     d = x.shape[-1]
     gamma = check_param(gamma, "gamma", d)
     beta = check_param(beta, "beta", d)
+    if beta is not None and not centred:
+        raise ValueError("beta must be None for RMSNorm (centred=False)")
     eps = check_eps(eps)
-    if dy is not None:
-        dy = as_float_array(dy, "dy")
-        if dy.shape != x.shape:
-            raise ValueError(f"dy must have the shape of x, {x.shape}; got {dy.shape}")
-    for a, name in ((x, "x"), (gamma, "gamma"), (beta, "beta"), (dy, "dy")):
+    for name, a in (("dy", dy), ("dh", dh)):
+        if a is not None and as_float_array(a, name).shape != x.shape:
+            raise ValueError(f"{name} must have the shape of x, {x.shape}; got {np.shape(a)}")
+    if dh is not None and dy is None:
+        raise ValueError("dh needs dy: pass dy as well")
+    dy = None if dy is None else as_float_array(dy, "dy")
+    dh = None if dh is None else as_float_array(dh, "dh")
+    for a, name in ((x, "x"), (gamma, "gamma"), (beta, "beta"), (dy, "dy"), (dh, "dh")):
         _finite(a, name)
 
     xi, ex = _as_fixed(x.reshape(-1, d))  # (M, D) x = xi * 2**ex
-    g_int, eg = _as_fixed(gamma) if gamma is not None else (np.ones(d, object), 0)  # (D,)
+    g_int, eg = _as_fixed(gamma) if gamma is not None else (np.zeros(d, object), 0)  # (D,)
+    if gamma is None and not zero_centered_gamma:
+        g_int = np.ones(d, object)  # no gamma: scale 1
+    elif zero_centered_gamma:
+        g_int, eg = _plus_one(g_int, eg)  # scale = 1 + gamma = g_int * 2**eg
     b_int, eb = _as_fixed(beta) if beta is not None else (np.zeros(d, object), 0)  # (D,)
-    s = xi.sum(axis=1)  # (M,) D*mean = s * 2**ex
+    s = xi.sum(axis=1) if centred else np.zeros(xi.shape[0], object)  # (M,) D*mean = s*2**ex
     c = d * xi - s[:, None]  # (M, D) D*(x - mean) = c * 2**ex
-    q = (c * c).sum(axis=1)  # (M,) D**3 * var = q * 4**ex
+    q = (c * c).sum(axis=1)  # (M,) D**3 * var (D**3 * mean(x**2)) = q * 4**ex
     # var + eps = v / w with integers: 4**ex = a_num/a_den and eps = p_eps/q_eps.
     a_num, a_den = (1 << 2 * ex, 1) if ex >= 0 else (1, 1 << -2 * ex)
     p_eps, q_eps = eps.as_integer_ratio()
@@ -380,7 +416,9 @@ def exact_layer_norm(
     w = d**3 * a_den * q_eps
     if dy is not None:
         dyi, edy = _as_fixed(dy.reshape(-1, d))  # (M, D) dy = dyi * 2**edy
-        gi = dyi * g_int  # (M, D) g = dy*gamma = gi * 2**(edy + eg)
+        gi = dyi * g_int  # (M, D) g = dy*scale = gi * 2**(edy + eg)
+        if dh is not None:
+            dhi, edh = _as_fixed(dh.reshape(-1, d))  # (M, D) dh = dhi * 2**edh
 
     m = xi.shape[0]
     xhat, y, dx = (np.empty((m, d)) for _ in range(3))
@@ -393,17 +431,23 @@ def exact_layer_norm(
         rr = math.isqrt((w << 2 * t) // vr)
         rstd[r] = _round(rr, 1, -t)
         xhat[r] = _round(c[r] * rr, d, ex - t)
-        # y = gamma*xhat + beta over the common exponent f
+        # y = scale*xhat + beta over the common exponent f
         f = min(eg + ex - t, eb)
         num = g_int * c[r] * rr * (1 << (eg + ex - t - f)) + b_int * d * (1 << (eb - f))
         y[r] = _round(num, d, f)
         if dy is not None:
-            sg = gi[r].sum()
+            sg = gi[r].sum() if centred else 0
             cg = (gi[r] * c[r]).sum()
             # g - mean(g) - (x - mean)*mean(g*(x - mean))/(var + eps), over D**3 * v * a_den
             den = d**3 * vr * a_den
             bracket = gi[r] * den - sg * (den // d) - c[r] * (cg * a_num * w)  # (D,)
-            dx[r] = _round(bracket * rr, den, edy + eg - t)
+            e_dx = edy + eg - t  # the norm's dx = bracket * rr * 2**e_dx / den
+            if dh is None:
+                dx[r] = _round(bracket * rr, den, e_dx)
+            else:
+                f = min(e_dx, edh)
+                num = bracket * rr * (1 << (e_dx - f)) + dhi[r] * den * (1 << (edh - f))
+                dx[r] = _round(num, den, f)
             dgamma_terms.append((dyi[r] * c[r] * rr, t))
 
     lead = x.shape[:-1]
@@ -413,7 +457,7 @@ def exact_layer_norm(
         t_max = max((t for _, t in dgamma_terms), default=0)
         total = sum((term * (1 << (t_max - t)) for term, t in dgamma_terms), np.zeros(d, object))
         dgamma = _round(total, d, edy + ex - t_max)
-        dbeta = _round(dyi.sum(axis=0), 1, edy)
+        dbeta = _round(dyi.sum(axis=0), 1, edy) if centred else None
         dx_out = dx.reshape(x.shape)
     return Exact(
         mean=_round(s, d, ex).reshape(lead),
@@ -427,21 +471,34 @@ def exact_layer_norm(
     )
 
 
+def exact_layer_norm(
+    x: np.ndarray,
+    gamma: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    eps: float = 1e-5,
+    dy: np.ndarray | None = None,
+) -> Exact:
+    """Layer norm exactly: :func:`exact_norm` with ``centred=True`` (the arguments are its)."""
+    return exact_norm(x, gamma, beta, eps, dy)
+
+
 def float64_param_grads(
-    x: np.ndarray, dy: np.ndarray, eps: float = 1e-5
+    x: np.ndarray, dy: np.ndarray, eps: float = 1e-5, *, centred: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
     """dgamma and dbeta (D,) for many rows, to about 1e-15 relative: the oracle where
-    :func:`exact_layer_norm` would be slow (millions of rows).
+    :func:`exact_norm` would be slow (millions of rows).
 
-    xhat comes from the float64 reference on the given values (corrected two-pass, relative
-    error ~1e-16), each product dy*xhat is rounded once to float64, and each column is summed
-    exactly and rounded once by ``math.fsum``. x, dy: (M, D) of any float dtype.
+    xhat comes from the float64 reference on the given values (layer norm with ``centred``,
+    corrected two-pass; RMS norm without; relative error ~1e-16), each product dy*xhat is
+    rounded once to float64, and each column is summed exactly and rounded once by
+    ``math.fsum``. x, dy: (M, D) of any float dtype.
     """
     x = as_float_array(x, "x")
     dy = as_float_array(dy, "dy")
     if x.ndim != 2 or dy.shape != x.shape:
         raise ValueError(f"x and dy must both be (M, D), got {x.shape} and {dy.shape}")
-    _, cache = layer_norm_forward(x.astype(np.float64), eps=eps)
+    forward = layer_norm_forward if centred else rms_norm_forward
+    _, cache = forward(x.astype(np.float64), eps=eps)
     dy64 = dy.astype(np.float64)  # (M, D)
     prod = dy64 * cache.xhat  # (M, D)
     dgamma = np.array([math.fsum(col) for col in prod.T.tolist()])  # (D,)

@@ -1,7 +1,7 @@
-"""Measure layer norm's numerical error against exact answers: the adversarial suite.
+"""Measure the norms' numerical error against exact answers: the adversarial suite.
 
-Four tables, every error normwise, max|got - exact|/max|exact| (ulps: in the output dtype at
-max|exact|), against the exact oracle (:func:`layernorm.numerics.exact_layer_norm`, integer
+Five tables, every error normwise, max|got - exact|/max|exact| (ulps: in the output dtype at
+max|exact|), against the exact oracle (:func:`layernorm.numerics.exact_norm`, integer
 arithmetic) unless the oracle column says otherwise:
 
 1. Variance algorithms: the error of xhat = ((x - mean) - mean_lo)/sqrt(var + eps) when each
@@ -9,15 +9,19 @@ arithmetic) unless the oracle column says otherwise:
    the library's y = xhat (no gamma, beta) for an input of that dtype. Offset sweep
    x = offset + N(0, 1) for offsets 1e0 ... 1e14, tiny and zero variance, dynamic range,
    float16 extremes, long rows (D = 1e5).
-2. The library's backends (the NumPy reference and, with numba, the fused CPU kernels) on
-   the targets: large offsets, zero-variance rows, values whose squares or sums overflow,
-   values near the top of float64's range, long rows and many rows (M = 1e6, where the oracle
-   is the float64 reference with math.fsum), with the target and pass/FAIL.
+2. LayerNorm in the library's backends (the NumPy reference and, with numba, the fused CPU
+   kernels) on the targets: large offsets, zero-variance rows, values whose squares or sums
+   overflow, values near the top of float64's range, long rows and many rows (M = 1e6, where
+   the oracle is the float64 reference with math.fsum), with the target and pass/FAIL.
 3. The backward's cancellation: dy chosen so that g = dy*gamma is close to span{1, xhat};
    the error of dx against kappa = max|g|*rstd/max|dx| for each way to compute it.
-4. Speed of the reference and of the float64-arithmetic alternative.
+4. The rest of the family (RMSNorm, add+LayerNorm, add+RMSNorm) in both backends, every
+   dtype, with the targets of table 2: large offsets, squares that overflow, dgamma over many
+   rows; and zero-centred gamma for every norm.
+5. Speed of the reference and of the float64-arithmetic alternative.
 
-Exit status 1 if a target of table 2 fails. ``--quick`` shrinks the sizes (the report uses it).
+Exit status 1 if a target of table 2 or 4 fails. ``--quick`` shrinks the sizes (the report
+uses it).
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ import numpy as np
 
 from ._table import render
 from .dtypes import DTYPES, NAMES, available, resolve
+from .family import NORMS, Norm
 from .numerics import (
     BACKWARD_MECHANISMS,
     VARIANCE_ALGORITHMS,
     cancellation_inputs,
     exact_layer_norm,
+    exact_norm,
     float32_backward,
     float64_param_grads,
     normalize,
@@ -292,12 +298,13 @@ def _ref_rows(case: RefCase, rng: np.random.Generator, backends: list[Backend]
 
 
 def _verdict(name: str, dtype: str, backend: str, got: dict[str, float],
-             targets: dict[str, float], oracle: str) -> tuple[list[str], list[str]]:
+             targets: dict[str, float], oracle: str, cols: tuple[str, ...] = _REF_COLS
+             ) -> tuple[list[str], list[str]]:
     failed = [f"{name} [{dtype}, {backend}] {k}: {got[k]:.2e} > {bound:.0e}"
               for k, bound in targets.items() if not got[k] <= bound]
     target = ", ".join(f"{k} <= {v:g}" for k, v in targets.items())
     result = ("FAIL" if failed else "pass") if targets else ""
-    cells = [_fmt(got[c]) if c in got else "—" for c in _REF_COLS]
+    cells = [_fmt(got[c]) if c in got else "—" for c in cols]
     return [name, dtype, backend, *cells, target, result, oracle], failed
 
 
@@ -384,7 +391,190 @@ def cancellation_table(sz: Sizes, rng: np.random.Generator, eps: float = 1e-5) -
     return table
 
 
-# --- table 4: speed ----------------------------------------------------------------------
+# --- table 4: the family against the targets ----------------------------------------------
+
+_FAMILY_COLS = ("y", "dx", "dgamma", "y ulps", "dx ulps", "h ulps")
+_F64 = {"y": 1e-13, "dx": 1e-13}
+_F32 = {"y": 2e-6, "dx": 2e-5}
+_HALF = {"y ulps": 2.0, "dx ulps": 2.0}
+_TARGETS = {"float64": _F64, "float32": _F32, "float16": _HALF, "bfloat16": _HALF}
+
+
+@dataclass(frozen=True)
+class FamilyCase:
+    """Values v (M, D) for one dtype. A norm normalizes v; an add-norm adds
+    x = v - residual and residual = v*U(0.2, 0.8), both rounded to the dtype, so h ~ v."""
+
+    name: str
+    dtype: str
+    v: np.ndarray  # (M, D) float64
+    norms: tuple[str, ...]  # the family members it runs for
+    zero_centered_gamma: bool = False
+
+    @property
+    def targets(self) -> dict[str, float]:
+        bound = {"h ulps": 0.5} if any(NORMS[n].residual for n in self.norms) else {}
+        return {**_TARGETS[self.dtype], **bound}
+
+
+def _family_cases(sz: Sizes, rng: np.random.Generator) -> list[FamilyCase]:
+    m, d = sz.rows, sz.d
+    new = ("rms_norm", "add_layer_norm", "add_rms_norm")
+    every = tuple(NORMS)
+
+    def huge(lo: float, hi: float) -> np.ndarray:  # (m, d) ±10^U(lo, hi)
+        return rng.choice([-1.0, 1.0], (m, d)) * 10.0 ** rng.uniform(lo, hi, (m, d))
+
+    cases = [FamilyCase("N(0, 1)", dt, rng.standard_normal((m, d)), new)
+             for dt in ("float64", "float32", "float16", "bfloat16")]
+    cases += [
+        FamilyCase("1e4 + N(0, 1)", "float32", 1e4 + rng.standard_normal((m, d)), new),
+        FamilyCase("1e8 + N(0, 1)", "float64", 1e8 + rng.standard_normal((m, d)), new),
+        FamilyCase("float16 extremes: U(-6e4, 6e4)", "float16", rng.uniform(-6e4, 6e4, (m, d)),
+                   new),
+        FamilyCase("±10^U(20, 30): squares overflow", "float32", huge(20, 30), new),
+        FamilyCase("±10^U(20, 30): squares overflow", "bfloat16", huge(20, 30), new),
+        FamilyCase("±10^U(160, 300): squares overflow", "float64", huge(160, 300), new),
+    ]
+    cases += [FamilyCase("zero rows: y = 0, dx = g/sqrt(eps)", dt, np.zeros((m, d)),
+                         ("rms_norm",)) for dt in ("float64", "float32", "float16", "bfloat16")]
+    cases += [FamilyCase("zero-centred gamma: scale = 1 + 0.1*N(0, 1)", dt,
+                         rng.standard_normal((m, d)), every, zero_centered_gamma=True)
+              for dt in ("float32", "bfloat16")]
+    return cases
+
+
+def _norm_functions(module: object, norm: Norm) -> tuple[Callable, Callable]:
+    return getattr(module, f"{norm.name}_forward"), getattr(module, f"{norm.name}_backward")
+
+
+def _run_norm(module: object, norm: Norm, x: np.ndarray, residual: np.ndarray | None,
+              gamma: np.ndarray, beta: np.ndarray | None, zcg: bool, dy: np.ndarray,
+              dh: np.ndarray | None) -> dict[str, np.ndarray | None]:
+    """y, h, dx, dresidual, dgamma of ``norm`` in ``module`` (the reference or layernorm.cpu)."""
+    forward, backward = _norm_functions(module, norm)
+    params = {"gamma": gamma, "eps": norm.eps, "zero_centered_gamma": zcg}
+    if norm.centred:
+        params["beta"] = beta
+    if norm.residual:
+        y, h, cache = forward(x, residual, **params)
+        dx, dresidual, dgamma, *_ = backward(dy, dh, cache)
+        return {"y": y, "h": h, "dx": dx, "dresidual": dresidual, "dgamma": dgamma}
+    y, cache = forward(x, **params)
+    dx, dgamma, *_ = backward(dy, cache)
+    return {"y": y, "h": None, "dx": dx, "dresidual": None, "dgamma": dgamma}
+
+
+def _family_modules() -> list[tuple[str, object]]:
+    """The reference, and the fused CPU kernels where numba is installed."""
+    from . import reference
+    try:
+        from . import cpu
+    except ImportError:
+        return [("reference", reference)]
+    return [("reference", reference), (FUSED, cpu)]
+
+
+def _ulps(got: np.ndarray, exact: np.ndarray, dt: np.dtype) -> float:
+    """ulp_error, or the absolute error where the exact answer is all zeros (a zero row)."""
+    if not np.any(exact):
+        return relative_error(got, exact)
+    return ulp_error(got, exact, dt)
+
+
+def _family_rows(case: FamilyCase, norm: Norm, rng: np.random.Generator,
+                 modules: list[tuple[str, object]]) -> list[tuple[list[str], list[str]]]:
+    """One row per backend for ``norm`` on ``case``, all on the same drawn inputs."""
+    dt = resolve(case.dtype)
+    m, d = case.v.shape
+    gamma = (0.1 if case.zero_centered_gamma else 0.5) * rng.standard_normal(d)
+    gamma = (gamma if case.zero_centered_gamma else 1 + gamma).astype(dt)
+    beta = rng.standard_normal(d).astype(dt) if norm.centred else None
+    dy = rng.standard_normal((m, d)).astype(dt)
+    if norm.residual:
+        residual = (case.v * rng.uniform(0.2, 0.8, (m, d))).astype(dt)
+        x = (case.v - residual.astype(np.float64)).astype(dt)
+        # h rounded once; the sum in float64 is exact for these half and float32 inputs
+        h = np.add(x, residual, dtype=np.float64).astype(dt)
+        # dh of the size of the norm's dx (rstd*g), so that neither term hides the other;
+        # rms(h) = big*rms(h/big), as h**2 may overflow
+        big = np.abs(h.astype(np.float64)).max(axis=1, keepdims=True)  # (m, 1)
+        rms = np.sqrt(np.mean(np.square(h / big), axis=1, keepdims=True))  # (m, 1)
+        dh = (rng.standard_normal((m, d)) / rms / big).astype(dt)
+    else:
+        x, residual, h, dh = case.v.astype(dt), None, None, None
+    ex = exact_norm(x if h is None else h, gamma, beta, norm.eps, dy, centred=norm.centred,
+                    zero_centered_gamma=case.zero_centered_gamma, dh=dh)
+    rows = []
+    for backend, module in modules:
+        out = _run_norm(module, norm, x, residual, gamma, beta, case.zero_centered_gamma, dy, dh)
+        dxs = [out["dx"]] if out["dresidual"] is None else [out["dx"], out["dresidual"]]
+        got = {
+            "y": relative_error(out["y"], ex.y),
+            "dx": max(relative_error(a, ex.dx) for a in dxs),
+            "dgamma": relative_error(out["dgamma"], ex.dgamma),
+            "y ulps": _ulps(out["y"], ex.y, dt),
+            "dx ulps": max(_ulps(a, ex.dx, dt) for a in dxs),
+        }
+        if h is not None:
+            got["h ulps"] = _ulps(out["h"], h, dt)
+        targets = {k: v for k, v in case.targets.items() if k in got}
+        cells, failed = _verdict(case.name, case.dtype, backend, got, targets, EXACT,
+                                 _FAMILY_COLS)
+        rows.append(([norm.title, *cells], [f"{norm.title}: {f}" for f in failed]))
+    return rows
+
+
+def _many_rows_rms(sz: Sizes, rng: np.random.Generator, modules: list[tuple[str, object]]
+                   ) -> list[tuple[list[str], list[str]]]:
+    """RMSNorm's dgamma over many rows of D = 8 in float32, as table 2's LayerNorm case."""
+    m, d = sz.many_rows, 8
+    norm = NORMS["rms_norm"]
+    x = (3 + rng.standard_normal((m, d))).astype(np.float32)
+    dy = (0.1 + rng.standard_normal((m, d))).astype(np.float32)
+    gamma = np.ones(d, np.float32)
+    want = float64_param_grads(x, dy, norm.eps, centred=False)[0]
+    name = f"many rows: M = {m:.0e}, D = 8"
+    rows = []
+    for backend, module in modules:
+        forward, backward = _norm_functions(module, norm)
+        dgamma = backward(dy, forward(x, gamma)[1])[1]
+        cells, failed = _verdict(name, "float32", backend,
+                                 {"dgamma": relative_error(dgamma, want)}, {"dgamma": 1e-6},
+                                 "float64 + fsum", _FAMILY_COLS)
+        rows.append(([norm.title, *cells], [f"{norm.title}: {f}" for f in failed]))
+    return rows
+
+
+def family_table(sz: Sizes, rng: np.random.Generator) -> tuple[Table, list[str]]:
+    """Table 4 (RMSNorm, the add-norms, zero-centred gamma) and the failed targets."""
+    modules = _family_modules()
+    table = Table(
+        "The family against the targets (gamma = 1 + N(0, 0.25), beta, dy ~ N(0, 1))",
+        ["norm", "case", "dtype", "backend", *_FAMILY_COLS, "target", "result", "oracle"],
+        note=("Each norm with its default eps (1e-5 LayerNorm, 1e-6 RMSNorm). An add-norm "
+              "normalizes h = x + residual with residual = v*U(0.2, 0.8) and x = v - residual "
+              "rounded to the dtype, so h ~ the case's values v; dh ~ N(0, 1)/rms(h), of the "
+              "size of the norm's dx. dx: the worse of dx and dresidual, both dh + the norm's "
+              "dx. h ulps: h against x + residual correctly rounded. The oracle is exact_norm "
+              "on that h; 'zero-centred gamma' rows scale by 1 + gamma, gamma ~ N(0, 0.01)."),
+    )
+    failed: list[str] = []
+    cases = _family_cases(sz, rng)
+    for norm in NORMS.values():
+        for case in cases:
+            if norm.name not in case.norms:
+                continue
+            for cells, bad in _family_rows(case, norm, rng, modules):
+                table.rows.append(cells)
+                failed += bad
+    for cells, bad in _many_rows_rms(sz, rng, modules):
+        table.rows.append(cells)
+        failed += bad
+    return table, failed
+
+
+# --- table 5: speed ----------------------------------------------------------------------
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -398,7 +588,7 @@ def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 
 def timing_table(sz: Sizes, rng: np.random.Generator, eps: float = 1e-5) -> Table:
-    """Table 4: forward + backward time of each mechanism on float32 input."""
+    """Table 5: forward + backward time of each mechanism on float32 input."""
     m, d = sz.timing_shape
     x = rng.standard_normal((m, d)).astype(np.float32)
     dy = rng.standard_normal((m, d)).astype(np.float32)
@@ -423,7 +613,10 @@ def run_suite(quick: bool = False, seed: int = 0, timing: bool = True) -> Result
     rng = np.random.default_rng(seed)
     algorithms, sweep = algorithm_table(sz, rng)
     ref, failed = reference_table(sz, rng, seed)
-    tables = [algorithms, ref, cancellation_table(sz, rng)]
+    # The family draws from a stream of its own: the other tables do not depend on it.
+    family, family_failed = family_table(sz, np.random.default_rng([seed, 3]))
+    tables = [algorithms, ref, cancellation_table(sz, rng), family]
+    failed += family_failed
     if timing:
         tables.append(timing_table(sz, rng))
     return Results(tables, sweep, failed)

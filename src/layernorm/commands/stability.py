@@ -1,4 +1,4 @@
-"""``layernorm stability``: layer norm's numerical error against exact answers, as tables.
+"""``layernorm stability``: the norms' numerical error against exact answers, as tables.
 
 Runs :func:`layernorm.stability.run_suite` and prints its tables (and the offset sweep's plot
 with ``--plot``); exit status 1 if a target fails.
@@ -13,7 +13,7 @@ from .. import stability
 
 __all__ = ["DESCRIPTION", "add_arguments", "report_section", "run"]
 
-DESCRIPTION = stability.__doc__  # the four tables, for --help
+DESCRIPTION = stability.__doc__  # the five tables, for --help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
