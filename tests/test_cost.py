@@ -1,4 +1,5 @@
-"""The cost model agrees with measurement: tracemalloc peaks and the cache's nbytes."""
+"""The cost model of every norm agrees with measurement: tracemalloc peaks, the caches' nbytes,
+the arrays a call reads and writes; and with the FLOPs and passes counted by hand."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 import layernorm as ln
 from layernorm import cost
+from layernorm.family import NORMS
 
 RNG = np.random.default_rng(3)
 
@@ -37,53 +39,147 @@ def _peak(fn, *args):
     return peak, out
 
 
+# The model counts the arrays a call allocates; NumPy's small allocations (shape tuples,
+# reduction buffers) and the O(M), O(D) vectors it rounds are the rest. Measured: within 4%.
+PEAK_SLACK = 0.10
+
+
+def _call(name, shape, dt, affine):
+    """A reference call's arguments in dtype ``dt``: forward (x, [residual], gamma, [beta]),
+    and the backward's cotangents (dy, [dh])."""
+    nm = NORMS[name]
+    d = shape[-1]
+    args = [RNG.standard_normal(shape).astype(dt) for _ in nm.forward_inputs]
+    args += [RNG.standard_normal(d).astype(dt) if affine else None for _ in nm.params]
+    cot = [RNG.standard_normal(shape).astype(dt) for _ in nm.forward_outputs]
+    return args, cot
+
+
+def _functions(name):
+    return getattr(ln, f"{name}_forward"), getattr(ln, f"{name}_backward")
+
+
+@pytest.mark.parametrize("name", list(NORMS))
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("shape", [(512, 256), (64, 4096)])
-def test_reference_peak_memory_matches_model(dtype, affine, shape):
-    """Protects the memory model: measured peaks of forward and backward within 10%."""
+def test_reference_peak_memory_matches_model(name, dtype, affine, shape):
+    """Protects the memory model of every norm: measured peaks of forward and backward
+    within PEAK_SLACK of the model, and the temporaries (peak less what is returned) too."""
     dt = _dtype(dtype)
     m, d = shape
-    x = RNG.standard_normal(shape).astype(dt)
-    dy = RNG.standard_normal(shape).astype(dt)
-    g = RNG.standard_normal(d).astype(dt) if affine else None
-    b = RNG.standard_normal(d).astype(dt) if affine else None
     item = np.dtype(dt).itemsize
+    fwd, bwd = _functions(name)
+    args, cot = _call(name, shape, dt, affine)
+    beta = affine and NORMS[name].centred
 
-    peak_f, (y, cache) = _peak(ln.layer_norm_forward, x, g, b)
-    model_f = cost.cost("fwd", m, d, item, gamma=affine, beta=affine)
-    assert abs(peak_f - model_f.reference_peak_bytes) <= 0.10 * model_f.reference_peak_bytes
+    peak_f, (*outs, cache) = _peak(fwd, *args)
+    model_f = cost.cost("fwd", m, d, item, norm=name, gamma=affine, beta=beta)
+    assert abs(peak_f - model_f.reference_peak_bytes) <= PEAK_SLACK * model_f.reference_peak_bytes
+    returned = sum(o.nbytes for o in outs) + cache.nbytes
+    assert abs((peak_f - returned) - model_f.reference_temporary_bytes) \
+        <= PEAK_SLACK * model_f.reference_peak_bytes
 
-    peak_b, _ = _peak(ln.layer_norm_backward, dy, cache)
-    model_b = cost.cost("bwd", m, d, item, gamma=affine, beta=affine)
-    assert abs(peak_b - model_b.reference_peak_bytes) <= 0.10 * model_b.reference_peak_bytes
+    peak_b, grads = _peak(bwd, *cot, cache)
+    model_b = cost.cost("bwd", m, d, item, norm=name, gamma=affine, beta=beta)
+    assert abs(peak_b - model_b.reference_peak_bytes) <= PEAK_SLACK * model_b.reference_peak_bytes
+    n_out = len(NORMS[name].backward_outputs)
+    returned = sum(g.nbytes for g in grads[:n_out])
+    assert abs((peak_b - returned) - model_b.reference_temporary_bytes) \
+        <= PEAK_SLACK * model_b.reference_peak_bytes
 
 
+@pytest.mark.parametrize("name", list(NORMS))
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
-def test_cache_nbytes_equals_model(dtype):
-    """Protects the cache model: xhat (M·D) and rstd (M) in the compute dtype, exactly."""
-    x = RNG.standard_normal((3, 7, 33)).astype(dtype)
-    _, cache = ln.layer_norm_forward(x, np.ones(33, dtype), np.zeros(33, dtype))
-    model = cost.cost("fwd", 21, 33, np.dtype(dtype).itemsize)
+@pytest.mark.parametrize("gamma", [True, False])
+def test_cache_nbytes_equals_model(name, dtype, gamma):
+    """Protects the cache model of every norm: xhat (M·D), rstd (M) and the scale (D, with
+    gamma) in the compute dtype, exactly; an add-norm's cache holds nothing more."""
+    args, _ = _call(name, (3, 7, 33), np.dtype(dtype), gamma)
+    *_, cache = _functions(name)[0](*args)
+    model = cost.cost("fwd", 21, 33, np.dtype(dtype).itemsize, norm=name, gamma=gamma)
     assert cache.nbytes == model.cache_bytes
 
 
-def test_minimal_bytes_and_flops():
-    """Protects the headline byte formulas (2·M·D·s fwd, 3·M·D·s bwd) and Θ(M·D) FLOPs."""
+@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_minimal_bytes_are_the_arrays_a_call_reads_and_writes(name, pass_):
+    """Protects the minimal bytes of every norm against the API: the (M, D) arrays the
+    family lists for the pass (dh included), as the reference's call has them, sum to the
+    model's figure; with extras, add the parameters (and their gradients backward) and
+    the float32 statistics (mean and rstd; rstd alone for RMSNorm)."""
+    nm = NORMS[name]
+    m, d = 6, 40
+    args, cot = _call(name, (m, d), np.float32, True)
+    fwd, bwd = _functions(name)
+    *outs, cache = fwd(*args)
+    grads = bwd(*cot, cache)
+    n_in = len(nm.forward_inputs)
+    if pass_ == "fwd":
+        arrays = [*args[:n_in], *outs]  # x, [residual]; y, [h]
+        params = sum(p.nbytes for p in args[n_in:])
+    else:
+        h = outs[-1] if nm.residual else args[0]  # the backward reads x, or h
+        arrays = [h, *cot, *grads[:len(nm.backward_outputs)]]  # x; dy, [dh]; dx, [dresidual]
+        params = sum(p.nbytes for p in args[n_in:]) + sum(g.nbytes for g in grads[-len(
+            nm.params):])
+    assert len(arrays) == (len(nm.forward_inputs) + len(nm.forward_outputs) if pass_ == "fwd"
+                           else len(nm.backward_inputs) + len(nm.backward_outputs))
+    assert cost.minimal_bytes(pass_, m, d, 4, norm=name) == sum(a.nbytes for a in arrays)
+    stats = (2 if nm.centred else 1) * m * 4
+    assert cost.minimal_bytes(pass_, m, d, 4, norm=name, extras=True) == \
+        sum(a.nbytes for a in arrays) + params + stats
+
+
+def test_minimal_bytes_keeps_its_layer_norm_signature():
+    """Protects the callers in layernorm.bench: without ``norm`` the figures are LayerNorm's
+    (2·M·D·s forward, 3·M·D·s backward; 4·D·s of parameters and gradients and 8·M of
+    statistics with extras)."""
     assert cost.minimal_bytes("fwd", 1000, 512, 2) == 2 * 1000 * 512 * 2
     assert cost.minimal_bytes("bwd", 1000, 512, 4) == 3 * 1000 * 512 * 4
     assert cost.minimal_bytes("bwd", 10, 8, 4, extras=True) == 3 * 80 * 4 + 4 * 8 * 4 + 80
-    c1, c2 = cost.cost("fwd", 100, 64, 4), cost.cost("fwd", 200, 128, 4)
-    assert c2.flops == pytest.approx(4 * c1.flops, rel=0.01)
-    assert c1.intensity < 2  # about one FLOP per byte: bandwidth-bound
+    assert cost.minimal_bytes("bwd", 10, 8, 4, affine=False, extras=True) == 3 * 80 * 4 + 80
+
+
+def test_flops_of_the_family():
+    """Protects the FLOP counts, step by step from the formulas: per element, LayerNorm 9
+    forward and 11 backward; RMSNorm has no centring and no beta (4) and one row reduction
+    fewer backward (8); an add-norm one more each way (the add, dh + dx). Θ(M·D) for all,
+    and about one FLOP per byte or less: bandwidth-bound."""
+    per_element = {"layer_norm": (9, 11), "rms_norm": (4, 8), "add_layer_norm": (10, 12),
+                   "add_rms_norm": (5, 9)}
+    reductions = {"layer_norm": (3, 2), "rms_norm": (1, 1)}  # row sums, each with a / D
+    for name, (f, b) in per_element.items():
+        inner = "layer_norm" if NORMS[name].centred else "rms_norm"
+        rf, rb = reductions[inner]
+        m, d = 100, 64
+        assert cost.flops("fwd", m, d, norm=name) == f * m * d + (rf + 2) * m  # + eps, 1/sqrt
+        assert cost.flops("bwd", m, d, norm=name) == b * m * d + rb * m
+        c1, c2 = cost.cost("fwd", m, d, 4, norm=name), cost.cost("fwd", 2 * m, 2 * d, 4, norm=name)
+        assert c2.flops == pytest.approx(4 * c1.flops, rel=0.01)
+        assert c1.intensity < 2
+    # without gamma: no multiply by it, no dgamma; backward g = dy, so g·xhat is dy·xhat
+    assert cost.flops("fwd", 1, 64, norm="rms_norm", gamma=False) == 3 * 64 + 3
+    assert cost.flops("bwd", 1, 64, norm="rms_norm", gamma=False) == 5 * 64 + 1
 
 
 def test_reference_moves_several_times_the_minimal_bytes():
-    """Protects the pass count: the unfused reference is 8.5x (fwd) and 6.7x (bwd) minimal."""
-    f = cost.cost("fwd", 64, 1024, 4)
-    b = cost.cost("bwd", 64, 1024, 4)
-    assert f.reference_traffic_ratio == pytest.approx(17 / 2)
-    assert b.reference_traffic_ratio == pytest.approx(20 / 3)
+    """Protects the pass lists, counted by hand from layernorm.reference (float32, with
+    gamma and beta): LayerNorm 17 (M, D) arrays forward, 20 backward; RMSNorm 9 and 16; an
+    add-norm its norm's plus the add (3) forward, and dh + dx (3) and dx's copy (2) backward."""
+    arrays = {"layer_norm": (17, 20), "rms_norm": (9, 16), "add_layer_norm": (20, 25),
+              "add_rms_norm": (12, 21)}
+    for name, (f, b) in arrays.items():
+        nm = NORMS[name]
+        fwd, bwd = cost.cost("fwd", 64, 1024, 4, norm=name), cost.cost("bwd", 64, 1024, 4,
+                                                                       norm=name)
+        assert fwd.reference_traffic_ratio == pytest.approx(
+            f / (len(nm.forward_inputs) + len(nm.forward_outputs)))
+        assert bwd.reference_traffic_ratio == pytest.approx(
+            b / (len(nm.backward_inputs) + len(nm.backward_outputs)))
+    # half precision: x and y (dy and dx) cross in 2 bytes, and each is converted in a pass
+    half = cost.cost("fwd", 64, 1024, 2)
+    assert half.reference_bytes == (17 * 4 + (2 - 4) + (4 + 2)) * 64 * 1024
 
 
 def test_roofline():
@@ -97,9 +193,16 @@ def test_roofline():
 
 
 def test_bad_arguments():
-    """Protects clear errors for a pass, itemsize or size the model does not know."""
+    """Protects clear errors for a pass, itemsize, size, norm or beta the model does not
+    know."""
     with pytest.raises(ValueError, match="pass_"):
         cost.cost("sideways", 1, 1, 4)
+    with pytest.raises(ValueError, match="norm must be one of"):
+        cost.cost("fwd", 1, 1, 4, norm="batch_norm")
+    with pytest.raises(ValueError, match="norm must be one of"):
+        cost.minimal_bytes("fwd", 1, 1, 4, norm="batch_norm")
+    with pytest.raises(ValueError, match="no beta"):
+        cost.cost("fwd", 1, 1, 4, norm="rms_norm", beta=True)
     with pytest.raises(ValueError, match="itemsize"):
         cost.cost("fwd", 1, 1, 3)
     with pytest.raises(ValueError, match="D >= 1"):
@@ -107,16 +210,23 @@ def test_bad_arguments():
 
 
 def test_cost_command_prints_the_model(capsys):
-    """Protects `layernorm cost`: one row per shape, dtype and pass, figures from the model."""
+    """Protects `layernorm cost`: one row per shape, dtype, norm and pass, every norm by
+    default, figures from the model; --norm picks norms."""
     from layernorm.commands import cli
     from layernorm.commands import cost as command
 
     assert cli.main(["cost", "--shape", "8x512x768", "--dtype", "float32", "--bandwidth",
                      "40"]) == 0
     out = capsys.readouterr().out
-    c = cost.cost("fwd", 4096, 768, 4)
-    assert f"| 8x512x768 | float32 | fwd | {c.flops / 1e9:.3f} |" in out
-    assert f"{c.roofline_seconds(40e9) * 1e3:.3f}" in out
-    assert out.count("| 8x512x768 |") == 2
+    for name, nm in NORMS.items():
+        c = cost.cost("fwd", 4096, 768, 4, norm=name)
+        assert f"| 8x512x768 | float32 | {nm.title} | fwd | {c.flops / 1e9:.3f} | " \
+               f"{c.minimal_bytes / 1e6:.1f} |" in out
+        assert f"{c.roofline_seconds(40e9) * 1e3:.3f}" in out
+    assert out.count("| 8x512x768 |") == 2 * len(NORMS)
+
+    assert cli.main(["cost", "--shape", "64x1024", "--norm", "rms_norm"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| RMSNorm |") == 4 and "LayerNorm" not in out  # 2 dtypes, 2 passes
     with pytest.raises(ValueError, match="shape must look like"):
         command.table(["4096 by 1024"], ["float32"], None)

@@ -1,161 +1,254 @@
-"""Cost model: FLOPs, bytes moved, memory held and roofline time of layer norm (pure Python).
+"""Cost model of the family of norms: FLOPs, bytes moved, memory held and roofline time.
 
-``layernorm cost`` (:mod:`layernorm.commands.cost`) prints the model for given shapes and dtypes.
+Pure Python. ``layernorm cost`` (:mod:`layernorm.commands.cost`) prints the model for given
+norms, shapes and dtypes. The norm is a parameter (a name from :data:`layernorm.family.NORMS`).
 
-For M rows of length D, elements of ``itemsize`` bytes, statistics in a compute dtype of
-``compute_itemsize`` bytes (4 for float16/bfloat16/float32 inputs, 8 for float64):
+For M rows of length D, every (M, D) array in one dtype of ``itemsize`` s bytes (the add-norms'
+residual and h included), statistics and arithmetic in a compute dtype of c bytes (4 for
+float16/bfloat16/float32 inputs, 8 for float64):
 
-Time is Θ(M·D) in both directions: each element takes a fixed number of operations
-(``FLOPS_PER_ELEMENT``) and each row a few more (``FLOPS_PER_ROW``: 1/sqrt and divisions).
+Time is Θ(M·D) in both directions: each element takes a fixed number of operations and each
+row a few more (divisions by D, 1/sqrt). ``FLOPS`` lists them step by step, with the norms
+that take each step: RMSNorm has no mean to subtract and no beta (forward 4 per element
+against LayerNorm's 9; backward one row reduction fewer, 8 against 11); an add-norm adds
+h = x + residual forward and dh to dx backward (one more each).
 
-Bytes. Any implementation must move at least the *minimal bytes*: the forward reads x
-and writes y, the backward reads x and dy and writes dx, 2·M·D·itemsize and 3·M·D·itemsize
-(the headline figures), plus the parameters and per-row statistics (``extras``). The
-unfused NumPy reference moves far more: each NumPy expression is a pass over an (M, D)
-array, listed in ``REFERENCE_PASSES`` with the arrays it reads and writes. A fused kernel
-moves the minimal bytes when a row stays in cache between its passes.
+Bytes. Any implementation must move at least the *minimal bytes*: the (M, D) arrays the pass
+reads and writes, as :class:`layernorm.family.Norm` lists them (dh counted, though optional):
 
-Memory. The reference's cache holds xhat (M·D), rstd (M) and a copy of gamma (D) in the
-compute dtype. Peak
-memory of a call is the most it has allocated at once, its results included, as counted
-in ``_reference_peak``; the temporaries are that peak less what the call returns.
-``tests/test_cost.py`` checks both and the cache size against ``tracemalloc``.
+    norm            forward reads, writes      backward reads, writes            fwd    bwd
+    LayerNorm       x; y                       x, dy; dx                         2MDs   3MDs
+    RMSNorm         x; y                       x, dy; dx                         2MDs   3MDs
+    add-norms       x, residual; y, h          h, dy, dh; dx, dresidual          4MDs   5MDs
+
+plus, with ``extras``, the (D,) parameters (read; their gradients written in the backward)
+and the float32 per-row statistics (mean and rstd; rstd alone for RMSNorm; written forward,
+read backward). The unfused NumPy reference moves far more: each NumPy expression is a
+pass over (M, D) arrays, listed in ``REFERENCE_PASSES`` with the arrays it reads and writes
+and in which dtype. A fused kernel moves the minimal bytes when a row stays in cache
+between its passes.
+
+Memory. The reference's cache holds xhat (M·D), rstd (M) and a copy of the scale (D) in the
+compute dtype, for every norm: an add-norm's cache is the norm's cache of h and nothing more.
+Peak memory of a call is the most it has allocated at once, its results included, as
+counted in ``_reference_peak``; the temporaries are that peak less what the call returns.
+``tests/test_cost.py`` checks both and the cache size against ``tracemalloc``, for every norm.
 
 Roofline: time >= max(bytes / bandwidth, flops / peak_flops). At about one FLOP per byte,
-far below any CPU's or GPU's FLOP-to-byte balance (tens), layer norm is bandwidth-bound, so
-the figure of merit of a kernel is its achieved bandwidth over the minimal bytes.
+far below any CPU's or GPU's FLOP-to-byte balance (tens), every norm of the family is
+bandwidth-bound, so the figure of merit of a kernel is its achieved bandwidth over the
+minimal bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import family
+from .family import Norm
+
 __all__ = [
-    "FLOPS_PER_ELEMENT",
+    "FLOPS",
     "REFERENCE_PASSES",
     "Cost",
     "cost",
+    "flops",
     "minimal_bytes",
     "roofline_seconds",
 ]
 
-_STREAMS = {"fwd": 2, "bwd": 3}  # (M, D) tensors read or written: x, y / x, dy, dx
+# A step is taken when every condition in its set holds for the call. The conditions:
+# centred / uncentred (LayerNorm / RMSNorm), residual (an add-norm) / plain, gamma / no gamma,
+# beta / no beta, half (float16, bfloat16: computed in float32) / full.
 
-# Operations per element, by the formulas in layernorm.reference (affine included):
-# fwd: sum for mean, subtract, sum for the correction, subtract, square, sum, scale by rstd,
-#      gamma multiply, beta add;
-# bwd: dbeta add, dy·xhat, dgamma add, dy·gamma, ·gamma for g·xhat, two row sums,
-#      subtract mean(g), xhat·mean(g·xhat), subtract, scale by rstd.
-FLOPS_PER_ELEMENT = {"fwd": 9, "bwd": 11}
-FLOPS_PER_ROW = {"fwd": 5, "bwd": 3}
-
-# The NumPy reference, one entry per pass over an (M, D) array:
-# (what it computes, (M, D) arrays read, (M, D) arrays written, needs gamma, needs beta).
-# None for a flag means the pass runs either way. Reads and writes are in the compute dtype,
-# except the reads of x and dy and the write of y and dx, which are in the input dtype.
-REFERENCE_PASSES: dict[str, list[tuple[str, int, int, bool | None, bool | None]]] = {
+# Operations of each step, by the formulas in layernorm.reference:
+# (what, per element, per row, when).
+FLOPS: dict[str, list[tuple[str, int, int, frozenset[str]]]] = {
     "fwd": [
-        ("copy x into the working array", 1, 1, None, None),
-        ("mean", 1, 0, None, None),
-        ("subtract mean", 1, 1, None, None),
-        ("mean of centred values (correction)", 1, 0, None, None),
-        ("subtract correction", 1, 1, None, None),
-        ("square", 1, 1, None, None),
-        ("mean of squares", 1, 0, None, None),
-        ("scale by rstd (xhat, in place)", 1, 1, None, None),
-        ("y = xhat * gamma", 1, 1, True, None),
-        ("y = copy of xhat", 1, 1, False, None),
-        ("y += beta", 1, 1, None, True),
+        ("h = x + residual", 1, 0, frozenset({"residual"})),
+        ("mean: sum, / D", 1, 1, frozenset({"centred"})),
+        ("subtract mean", 1, 0, frozenset({"centred"})),
+        ("correction: sum, / D", 1, 1, frozenset({"centred"})),
+        ("subtract correction", 1, 0, frozenset({"centred"})),
+        ("square", 1, 0, frozenset()),
+        ("mean of squares: sum, / D", 1, 1, frozenset()),
+        ("rstd = 1 / sqrt(... + eps)", 0, 2, frozenset()),
+        ("scale by rstd (xhat)", 1, 0, frozenset()),
+        ("y = xhat * gamma", 1, 0, frozenset({"gamma"})),
+        ("y += beta", 1, 0, frozenset({"beta"})),
     ],
     "bwd": [
-        ("dbeta = sum of dy over rows", 1, 0, None, True),
-        ("dy * xhat", 2, 1, None, None),
-        ("dgamma = sum of dy * xhat over rows", 1, 0, True, None),
-        ("g = dy * gamma", 1, 1, True, None),
-        ("g = copy of dy", 1, 1, False, None),
-        ("g * xhat = (dy * xhat) * gamma, in place", 1, 1, True, None),
-        ("mean(g)", 1, 0, None, None),
-        ("mean(g * xhat)", 1, 0, None, None),
-        ("g -= mean(g)", 1, 1, None, None),
-        ("xhat * mean(g * xhat)", 1, 1, None, None),
-        ("g -= that", 2, 1, None, None),
-        ("g *= rstd (dx, in place)", 1, 1, None, None),
+        ("dbeta: add over rows", 1, 0, frozenset({"beta"})),
+        ("dy * xhat", 1, 0, frozenset()),
+        ("dgamma: add over rows", 1, 0, frozenset({"gamma"})),
+        ("g = dy * gamma", 1, 0, frozenset({"gamma"})),
+        ("g * xhat = (dy * xhat) * gamma", 1, 0, frozenset({"gamma"})),
+        ("mean(g): sum, / D", 1, 1, frozenset({"centred"})),
+        ("mean(g * xhat): sum, / D", 1, 1, frozenset()),
+        ("g - mean(g)", 1, 0, frozenset({"centred"})),
+        ("xhat * mean(g * xhat)", 1, 0, frozenset()),
+        ("subtract that", 1, 0, frozenset()),
+        ("scale by rstd (the norm's dx)", 1, 0, frozenset()),
+        ("dx = dh + the norm's dx", 1, 0, frozenset({"residual"})),
+    ],
+}
+
+# The NumPy reference, one entry per pass over (M, D) arrays:
+# (what, arrays read, arrays written, when). Each array is a letter: "c" in the compute
+# dtype, "s" in the input's dtype (the same for float32 and float64 inputs).
+REFERENCE_PASSES: dict[str, list[tuple[str, str, str, frozenset[str]]]] = {
+    "fwd": [
+        ("h = x + residual, in the compute dtype", "ss", "c", frozenset({"residual"})),
+        ("h rounded to its dtype", "c", "s", frozenset({"residual", "half"})),
+        ("copy x (h) into the working array", "s", "c", frozenset()),
+        ("mean", "c", "", frozenset({"centred"})),
+        ("subtract mean", "c", "c", frozenset({"centred"})),
+        ("mean of centred values (correction)", "c", "", frozenset({"centred"})),
+        ("subtract correction", "c", "c", frozenset({"centred"})),
+        ("square", "c", "c", frozenset()),
+        ("mean of squares", "c", "", frozenset()),
+        ("scale by rstd (xhat, in place)", "c", "c", frozenset()),
+        ("y = xhat * scale", "c", "c", frozenset({"gamma"})),
+        ("y = copy of xhat", "c", "c", frozenset({"no gamma"})),
+        ("y += beta", "c", "c", frozenset({"beta"})),
+        ("y rounded to the input dtype", "c", "s", frozenset({"half"})),
+    ],
+    "bwd": [
+        ("dy to the compute dtype", "s", "c", frozenset({"half"})),
+        ("dbeta = sum of dy over rows", "c", "", frozenset({"beta"})),
+        ("dy * xhat", "cc", "c", frozenset()),
+        ("dgamma = sum of dy * xhat over rows", "c", "", frozenset({"gamma"})),
+        ("g = dy * scale", "c", "c", frozenset({"gamma"})),
+        ("g = copy of dy", "c", "c", frozenset({"no gamma"})),
+        ("g * xhat = (dy * xhat) * scale, in place", "c", "c", frozenset({"gamma"})),
+        ("mean(g)", "c", "", frozenset({"centred"})),
+        ("mean(g * xhat)", "c", "", frozenset()),
+        ("g -= mean(g)", "c", "c", frozenset({"centred"})),
+        ("xhat * mean(g * xhat)", "c", "c", frozenset()),
+        ("g -= that", "cc", "c", frozenset()),
+        ("g *= rstd (the norm's dx, in place)", "c", "c", frozenset()),
+        ("dx rounded to the input dtype", "c", "s", frozenset({"plain", "half"})),
+        ("total = the norm's dx + dh, in place", "cs", "c", frozenset({"residual"})),
+        ("dx = the total in x's dtype (a copy)", "c", "s", frozenset({"residual"})),
+        ("dresidual = the total in residual's dtype", "c", "s", frozenset({"residual", "half"})),
     ],
 }
 
 
 def _check_pass(pass_: str) -> None:
-    if pass_ not in _STREAMS:
+    if pass_ not in ("fwd", "bwd"):
         raise ValueError(f"pass_ must be 'fwd' or 'bwd', got {pass_!r}")
 
 
+def _facts(nm: Norm, gamma: bool, beta: bool, half: bool) -> frozenset[str]:
+    """The conditions of FLOPS and REFERENCE_PASSES that hold for this call."""
+    return frozenset({
+        "centred" if nm.centred else "uncentred",
+        "residual" if nm.residual else "plain",
+        "gamma" if gamma else "no gamma",
+        "beta" if beta else "no beta",
+        "half" if half else "full",
+    })
+
+
+def _streams(pass_: str, nm: Norm) -> int:
+    """(M, D) arrays a fused pass of ``nm`` must read and write."""
+    if pass_ == "fwd":
+        return len(nm.forward_inputs) + len(nm.forward_outputs)
+    return len(nm.backward_inputs) + len(nm.backward_outputs)
+
+
 def minimal_bytes(
-    pass_: str, M: int, D: int, itemsize: int, *, affine: bool = True, extras: bool = False
+    pass_: str, M: int, D: int, itemsize: int, *, affine: bool = True, extras: bool = False,
+    norm: str = "layer_norm",
 ) -> int:
     """Bytes a single fused pass must move.
 
     Args:
         pass_: ``"fwd"`` or ``"bwd"``.
         M, D: rows and row length.
-        itemsize: bytes per element of x (and y, dy, dx).
-        affine: gamma and beta present (counted only with ``extras``).
-        extras: add the parameters (read; gradients written in the backward) and the
-            float32 per-row statistics mean and rstd (written forward, read backward).
+        itemsize: bytes per element of every (M, D) array (x, y, dy, dx; residual, h, dh,
+            dresidual).
+        affine: the parameters (gamma, and beta where the norm has one) are present; counted
+            only with ``extras``.
+        extras: add the parameters (read; gradients written in the backward) and the float32
+            per-row statistics (mean and rstd, rstd alone for RMSNorm; written forward, read
+            backward).
+        norm: the family member (a name from :data:`layernorm.family.NORMS`).
     """
     _check_pass(pass_)
-    total = _STREAMS[pass_] * M * D * itemsize
+    nm = family.norm(norm)
+    total = _streams(pass_, nm) * M * D * itemsize
     if extras:
-        params = 2 * D * itemsize if affine else 0
-        total += params * (2 if pass_ == "bwd" else 1) + 2 * M * 4
+        params = len(nm.params) * D * itemsize if affine else 0
+        stats = (2 if nm.centred else 1) * M * 4
+        total += params * (2 if pass_ == "bwd" else 1) + stats
     return total
+
+
+def flops(pass_: str, M: int, D: int, *, norm: str = "layer_norm", gamma: bool = True,
+          beta: bool | None = None) -> int:
+    """Floating-point operations of one pass over (M, D), by ``FLOPS`` (arguments as
+    :func:`cost`)."""
+    _check_pass(pass_)
+    nm = family.norm(norm)
+    facts = _facts(nm, gamma, _beta(nm, beta), half=False)  # FLOPs do not depend on it
+    return sum(e * M * D + r * M for _, e, r, when in FLOPS[pass_] if when <= facts)
 
 
 def _compute_itemsize(itemsize: int) -> int:
     return 8 if itemsize == 8 else 4
 
 
-def _reference_bytes(pass_: str, M: int, D: int, itemsize: int, gamma: bool, beta: bool) -> int:
+def _reference_bytes(pass_: str, nm: Norm, M: int, D: int, itemsize: int, gamma: bool,
+                     beta: bool) -> int:
     """Bytes the NumPy reference moves over (M, D) arrays, from REFERENCE_PASSES."""
-    cs = _compute_itemsize(itemsize)
-    total = 0
-    for _, reads, writes, need_g, need_b in REFERENCE_PASSES[pass_]:
-        if (need_g is not None and need_g != gamma) or (need_b is not None and need_b != beta):
-            continue
-        total += (reads + writes) * M * D * cs
-    if itemsize != cs:
-        # half precision: the forward's copy reads x at itemsize, and y is cast in one more
-        # pass; the backward casts dy up and dx down, a pass each
-        fix = (itemsize - cs) + (cs + itemsize) if pass_ == "fwd" else 2 * (cs + itemsize)
-        total += fix * M * D
-    return total
+    size = {"c": _compute_itemsize(itemsize), "s": itemsize}
+    facts = _facts(nm, gamma, beta, half=itemsize == 2)
+    return sum(sum(size[a] for a in reads + writes) * M * D
+               for _, reads, writes, when in REFERENCE_PASSES[pass_] if when <= facts)
 
 
-def _reference_peak(pass_: str, M: int, D: int, itemsize: int, affine: bool) -> int:
+def _reference_peak(pass_: str, nm: Norm, M: int, D: int, itemsize: int, gamma: bool,
+                    beta: bool) -> int:
     """Peak bytes allocated during one reference call, beyond what existed before it.
 
     Forward: the working array that becomes xhat, plus either the squares or y (never both
-    alive); half-precision inputs add the cast of y. Backward: dy·xhat and g (which becomes
-    dx); half-precision inputs add the float32 copy of dy and the cast of dx.
-    O(M) and O(D) vectors (means, rstd, the float64 sums for dgamma/dbeta) are included.
+    alive); half-precision inputs add the cast of y; an add-norm adds h, alive throughout.
+    Backward: dy·xhat and g (which becomes the norm's dx); half-precision inputs add the
+    float32 copy of dy, and a plain norm the cast of dx. An add-norm's dx and dresidual are
+    made once dy·xhat is freed, within that peak. O(M) and O(D) vectors (means, rstd, the
+    float64 sums for dgamma and dbeta) are included.
     """
-    _check_pass(pass_)
-    cs = _compute_itemsize(itemsize)
+    c, s = _compute_itemsize(itemsize), itemsize
     md = M * D
     if pass_ == "fwd":
-        peak = 2 * md * cs + 4 * M * cs
-        if itemsize != cs:
-            peak += md * itemsize
+        peak = 2 * md * c + 4 * M * c
+        if itemsize != c:
+            peak += md * s
+        if nm.residual:
+            peak += md * s
         return peak
-    peak = 2 * md * cs + 2 * M * cs + (4 * D * 8 if affine else 0)
-    if itemsize != cs:
-        peak += md * cs + md * itemsize
+    peak = 2 * md * c + 2 * M * c + 2 * D * 8 * (int(gamma) + int(beta))
+    if itemsize != c:
+        peak += md * c + (0 if nm.residual else md * s)
     return peak
+
+
+def _beta(nm: Norm, beta: bool | None) -> bool:
+    """Whether beta is present: by default where the norm has one; an RMS norm has none."""
+    if beta is None:
+        return nm.centred
+    if beta and not nm.centred:
+        raise ValueError(f"{nm.name} has no beta, got beta=True")
+    return bool(beta)
 
 
 @dataclass(frozen=True)
 class Cost:
     """The model's figures for one call; bytes and FLOPs are integers."""
 
+    norm: str
     pass_: str
     M: int
     D: int
@@ -169,10 +262,13 @@ class Cost:
 
     @property
     def reference_temporary_bytes(self) -> int:
-        """Peak memory of the reference less what it returns (y and the cache, or dx)."""
-        md = self.M * self.D
-        returned = md * self.itemsize + (self.cache_bytes if self.pass_ == "fwd" else 0)
-        return self.reference_peak_bytes - returned
+        """Peak memory of the reference less what it returns: y (and h) and the cache
+        forward, dx (and dresidual) backward."""
+        nm = family.norm(self.norm)
+        outputs = nm.forward_outputs if self.pass_ == "fwd" else nm.backward_outputs
+        returned = len(outputs) * self.M * self.D * self.itemsize
+        return self.reference_peak_bytes - returned - (self.cache_bytes if self.pass_ == "fwd"
+                                                       else 0)
 
     @property
     def intensity(self) -> float:
@@ -204,31 +300,37 @@ def roofline_seconds(
 
 
 def cost(
-    pass_: str, M: int, D: int, itemsize: int, *, gamma: bool = True, beta: bool = True
+    pass_: str, M: int, D: int, itemsize: int, *, norm: str = "layer_norm", gamma: bool = True,
+    beta: bool | None = None,
 ) -> Cost:
-    """The model for one forward (``"fwd"``) or backward (``"bwd"``) over (M, D).
+    """The model for one forward (``"fwd"``) or backward (``"bwd"``) of ``norm`` over (M, D).
 
     Args:
         itemsize: bytes per element of x: 2 (float16/bfloat16), 4 (float32), 8 (float64).
-        gamma, beta: whether the parameters are present.
+        norm: the family member (a name from :data:`layernorm.family.NORMS`).
+        gamma: whether gamma is present.
+        beta: whether beta is present; default: where the norm has one (ValueError for
+            beta=True with an RMS norm).
     """
     _check_pass(pass_)
+    nm = family.norm(norm)
+    beta = _beta(nm, beta)
     if itemsize not in (2, 4, 8):
         raise ValueError(f"itemsize must be 2, 4 or 8, got {itemsize}")
     if M < 0 or D < 1:
         raise ValueError(f"need M >= 0 and D >= 1, got M={M}, D={D}")
-    cs = _compute_itemsize(itemsize)
-    affine = gamma or beta
+    c = _compute_itemsize(itemsize)
     return Cost(
+        norm=nm.name,
         pass_=pass_,
         M=M,
         D=D,
         itemsize=itemsize,
-        flops=FLOPS_PER_ELEMENT[pass_] * M * D + FLOPS_PER_ROW[pass_] * M,
-        minimal_bytes=minimal_bytes(pass_, M, D, itemsize),
-        minimal_bytes_with_extras=minimal_bytes(pass_, M, D, itemsize, affine=affine,
-                                                extras=True),
-        reference_bytes=_reference_bytes(pass_, M, D, itemsize, gamma, beta),
-        cache_bytes=(M * D + M + (D if gamma else 0)) * cs,
-        reference_peak_bytes=_reference_peak(pass_, M, D, itemsize, affine),
+        flops=flops(pass_, M, D, norm=nm.name, gamma=gamma, beta=beta),
+        minimal_bytes=minimal_bytes(pass_, M, D, itemsize, norm=nm.name),
+        minimal_bytes_with_extras=minimal_bytes(pass_, M, D, itemsize, affine=gamma or beta,
+                                                extras=True, norm=nm.name),
+        reference_bytes=_reference_bytes(pass_, nm, M, D, itemsize, gamma, beta),
+        cache_bytes=(M * D + M + (D if gamma else 0)) * c,
+        reference_peak_bytes=_reference_peak(pass_, nm, M, D, itemsize, gamma, beta),
     )

@@ -1,9 +1,12 @@
-"""``layernorm check``: gradient checks of the reference on a few shapes and dtypes.
+"""``layernorm check``: gradient checks of every norm's reference, and its backends against it.
 
-float64 is checked by finite differences (:func:`layernorm.check_vjp`, fast and full
-modes). Lower precisions are checked against the float64 reference on the same rounded
-inputs, with the tolerances of :mod:`layernorm.tolerances`. The checks are
-:func:`layernorm.selfcheck.run_checks`; exit status 1 if any fails.
+For each norm of the family (``--norm``, repeatable; default all): float64 gradients by
+finite differences (:func:`layernorm.check_vjp`, fast mode, and full mode on the small
+shapes); each lower precision against the float64 reference on the same rounded inputs; the
+fused CPU kernels (when numba imports) against the reference in every dtype, all with the
+tolerances of :mod:`layernorm.tolerances`. One shape's rows use zero-centred gamma (the
+scale column says 1+gamma). The checks are :func:`layernorm.selfcheck.run_checks`; exit
+status 1 if any fails, 2 for a command-line mistake.
 """
 
 from __future__ import annotations
@@ -11,44 +14,67 @@ from __future__ import annotations
 import argparse
 
 from .._table import render
+from ..family import NORMS
 from ..selfcheck import CheckRow, run_checks
+from . import one_line_errors
 
 __all__ = ["add_arguments", "format_table", "report_section", "run"]
 
 
 def format_table(rows: list[CheckRow], markdown: bool = False) -> str:
-    head = ["shape", "dtype", "check", "max abs err", "max rel err", "tolerance", "s", "result"]
+    head = ["norm", "shape", "scale", "dtype", "check", "max abs err", "max rel err",
+            "tolerance", "s", "result"]
     body = [
-        [str(r.shape), r.dtype, r.method, f"{r.max_abs_err:.2e}", f"{r.max_rel_err:.2e}",
-         r.tolerance, f"{r.seconds:.2f}", "pass" if r.passed else "FAIL"]
+        [NORMS[r.norm].title, str(r.shape), r.scale, r.dtype, r.method, f"{r.max_abs_err:.2e}",
+         f"{r.max_rel_err:.2e}", r.tolerance, f"{r.seconds:.2f}", "pass" if r.passed else "FAIL"]
         for r in rows
     ]
     return render(head, body, markdown)
 
 
+def _seed(text: str) -> int:
+    """A non-negative integer, for argparse."""
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return seed
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    one_line_errors(parser)
+    parser.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
+    parser.add_argument("--norm", action="append", choices=list(NORMS),
+                        help="the norm to check (repeatable; default every norm of the family)")
+
+
+def _summary(rows: list[CheckRow]) -> str:
+    failed = sum(not r.passed for r in rows)
+    return f"{len(rows) - failed} passed, {failed} failed"
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = run_checks(args.seed)
+    rows = run_checks(args.seed, args.norm)
     print(format_table(rows))
     for r in rows:
         if not r.passed:
-            print(f"\nFAIL {r.shape} {r.dtype} {r.method}: {r.detail}")
-    failed = sum(not r.passed for r in rows)
-    print(f"\n{len(rows) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+            print(f"\nFAIL {NORMS[r.norm].title} {r.shape} {r.scale} {r.dtype} {r.method}: "
+                  f"{r.detail}")
+    print(f"\n{_summary(rows)}")
+    return 1 if any(not r.passed for r in rows) else 0
 
 
 def report_section(ctx: object) -> str:
     rows = run_checks()
-    failed = sum(not r.passed for r in rows)
     return (
-        "Gradients of the NumPy reference checked by central differences in float64 "
-        "(`check_vjp`, fast and full modes), and each lower precision against the float64 "
-        "reference on the same rounded inputs (tolerances from `layernorm.tolerances`). "
-        "Reproduce with `layernorm check`.\n\n"
+        "Every norm of the family: gradients of the NumPy reference checked by central "
+        "differences in float64 (`check_vjp`, fast mode, and full mode on the small shapes), "
+        "each lower precision against the float64 reference on the same rounded inputs, and "
+        "the fused CPU kernels against the reference in every dtype (tolerances from "
+        "`layernorm.tolerances`); the rows of one shape use zero-centred gamma (scale "
+        "1+gamma). Reproduce with `layernorm check`.\n\n"
         + format_table(rows, markdown=True)
-        + f"\n\n**{len(rows) - failed} passed, {failed} failed.**\n"
+        + f"\n\n**{_summary(rows)}.**\n"
     )

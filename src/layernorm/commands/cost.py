@@ -1,7 +1,8 @@
-"""``layernorm cost``: FLOPs, bytes moved, memory held and roofline time of layer norm, per shape.
+"""``layernorm cost``: FLOPs, bytes moved, memory held and roofline time of each norm, per shape.
 
-One Markdown row per shape, dtype and pass, from the model of :mod:`layernorm.cost`; with
-``--bandwidth`` a roofline column.
+One Markdown row per shape, dtype, norm and pass, from the model of :mod:`layernorm.cost`;
+``--norm`` (repeatable) picks norms, every norm of the family by default; with
+``--bandwidth`` a roofline column. A command-line mistake is one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from .. import cost
 from .._table import render
 from .._validate import parse_shape
 from ..dtypes import DTYPES, NAMES
+from ..family import NORMS
+from . import one_line_errors
 
 __all__ = ["DESCRIPTION", "add_arguments", "run", "table"]
 
@@ -30,38 +33,66 @@ def _rows_and_length(text: str) -> tuple[int, int]:
     return math.prod(dims[:-1]), dims[-1]
 
 
-def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None) -> str:
-    """The model's figures as a Markdown table, one row per shape, dtype and pass."""
-    head = ["shape", "dtype", "pass", "GFLOP", "minimal MB", "reference MB", "ref/minimal",
-            "cache MB", "peak MB", "FLOP/byte"]
+def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None,
+          norms: list[str] | None = None) -> str:
+    """The model's figures as a Markdown table, one row per shape, dtype, norm and pass
+    (``norms``: names from :data:`layernorm.family.NORMS`, default all)."""
+    head = ["shape", "dtype", "norm", "pass", "GFLOP", "minimal MB", "reference MB",
+            "ref/minimal", "cache MB", "peak MB", "FLOP/byte"]
     if bandwidth_gbs:
         head.append(f"roofline ms @ {bandwidth_gbs:g} GB/s")
     rows = []
     for shape in shapes:
         m, d = _rows_and_length(shape)
         for dtype in dtypes:
-            for p in ("fwd", "bwd"):
-                c = cost.cost(p, m, d, DTYPES[dtype].itemsize)
-                row = [shape, dtype, p, f"{c.flops / 1e9:.3f}", f"{c.minimal_bytes / 1e6:.1f}",
-                       f"{c.reference_bytes / 1e6:.1f}", f"{c.reference_traffic_ratio:.1f}",
-                       f"{c.cache_bytes / 1e6:.1f}" if p == "fwd" else "-",
-                       f"{c.reference_peak_bytes / 1e6:.1f}", f"{c.intensity:.2f}"]
-                if bandwidth_gbs:
-                    row.append(f"{c.roofline_seconds(bandwidth_gbs * 1e9) * 1e3:.3f}")
-                rows.append(row)
+            for name in dict.fromkeys(norms or NORMS):  # each once, in the order given
+                for p in ("fwd", "bwd"):
+                    c = cost.cost(p, m, d, DTYPES[dtype].itemsize, norm=name)
+                    row = [shape, dtype, NORMS[name].title, p, f"{c.flops / 1e9:.3f}",
+                           f"{c.minimal_bytes / 1e6:.1f}", f"{c.reference_bytes / 1e6:.1f}",
+                           f"{c.reference_traffic_ratio:.1f}",
+                           f"{c.cache_bytes / 1e6:.1f}" if p == "fwd" else "-",
+                           f"{c.reference_peak_bytes / 1e6:.1f}", f"{c.intensity:.2f}"]
+                    if bandwidth_gbs:
+                        row.append(f"{c.roofline_seconds(bandwidth_gbs * 1e9) * 1e3:.3f}")
+                    rows.append(row)
     return render(head, rows, markdown=True)
 
 
+def _shape(text: str) -> str:
+    """``text`` once it names at least two positive sizes, for argparse."""
+    try:
+        _rows_and_length(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _bandwidth(text: str) -> float:
+    """A finite positive number of GB/s, for argparse."""
+    try:
+        gbs = float(text)
+    except ValueError:
+        gbs = math.nan
+    if not (math.isfinite(gbs) and gbs > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of GB/s, got {text!r}")
+    return gbs
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shape", action="append", help="MxD (repeatable); default 3 shapes")
-    parser.add_argument("--dtype", action="append", choices=sorted(NAMES),
+    one_line_errors(parser)
+    parser.add_argument("--shape", action="append", type=_shape,
+                        help="MxD or AxBxD (repeatable); default " + ", ".join(DEFAULT_SHAPES))
+    parser.add_argument("--dtype", action="append", choices=NAMES,
                         help="repeatable; default float32 and bfloat16")
-    parser.add_argument("--bandwidth", type=float, default=None,
+    parser.add_argument("--norm", action="append", choices=list(NORMS),
+                        help="repeatable; default every norm of the family")
+    parser.add_argument("--bandwidth", type=_bandwidth, default=None,
                         help="GB/s for the roofline column (e.g. the copy bandwidth from "
                              "`layernorm bench`)")
 
 
 def run(args: argparse.Namespace) -> int:
     print(table(args.shape or list(DEFAULT_SHAPES), args.dtype or list(DEFAULT_DTYPES),
-                args.bandwidth))
+                args.bandwidth, args.norm))
     return 0
