@@ -186,10 +186,10 @@ def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
         if name == "copy":
             nbytes = copy_bytes
         elif op == "fwd+bwd":
-            nbytes = (minimal_bytes("fwd", case.M, case.D, itemsize)
-                      + minimal_bytes("bwd", case.M, case.D, itemsize))
+            nbytes = (minimal_bytes("fwd", case.M, case.D, itemsize, norm=case.norm)
+                      + minimal_bytes("bwd", case.M, case.D, itemsize, norm=case.norm))
         else:
-            nbytes = minimal_bytes(op, case.M, case.D, itemsize)
+            nbytes = minimal_bytes(op, case.M, case.D, itemsize, norm=case.norm)
         p20, p50, p80 = np.percentile(t, [20, 50, 80])
         speedup = {
             peer: float(np.median(np.array(times[(peer, op)]) / t))
