@@ -364,15 +364,26 @@ def forward_kernel(x, residual, zp, scale, beta, eps, centred, y, h, stats, chec
 
 # --- backward ----------------------------------------------------------------------------
 
+@njit(inline="always", cache=True)
+def _dx(x, dy, g, hi, lo, rc, mg, mgx):
+    """One element: (rstd * ((dy * g - mean_g) - xhat * mean_gxhat), dy, xhat) in T.
+
+    No FMA contraction here (the callers compile without it): fusing dy * g - mean_g would use
+    the unrounded product where mean_g summed the rounded one (for D = 1, dx != 0).
+    """
+    d = _ld(dy)
+    xhat = ((_ld(x) - hi) - lo) * rc
+    return rc * ((d * g - mg) - xhat * mgx), d, xhat
+
+
 @njit(cache=True)
 def _write_dx(xr, dyr, dhr, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, ndy):
     """dx = rstd * ((u - mean_g) - xhat * mean_gxhat) [+ dh]; pg += dy * xhat; pb += dy.
 
     xr, dyr, scale, dxr: (D,); for an add-norm drr (D,) receives dx too and dhr is (D,) or
-    (0,) without dh; for a plain norm both are (0,). pg, pb: (D,) float64. Prefetches the next
-    row's x and dy (``nx``, ``ndy``). The three cases are three loops, so that each vectorises.
-    No FMA contraction: fusing dy * scale - mean_g would use the unrounded product where mean_g
-    summed the rounded one (for D = 1, dx != 0).
+    (0,) without dh; for a plain norm both are (0,). pg, pb: (D,) float64 (the products
+    dy * xhat rounded to T first, as in the reference). Prefetches the next row's x and dy
+    (``nx``, ``ndy``). The three cases are three loops, so that each vectorises.
     """
     D = xr.shape[0]
     xz = dxr.dtype.type(0)
@@ -384,32 +395,27 @@ def _write_dx(xr, dyr, dhr, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, nd
         db = dyr[j0:j0 + SPAN]
         gb = scale[j0:j0 + SPAN]
         ob = dxr[j0:j0 + SPAN]
+        rb = drr[j0:j0 + SPAN]
+        hb = dhr[j0:j0 + SPAN]
         pgb = pg[j0:j0 + SPAN]
         pbb = pb[j0:j0 + SPAN]
         if not add:
             for j in range(xb.shape[0]):
-                dy = _ld(db[j])
-                xhat = ((_ld(xb[j]) - hi) - lo) * rc
-                ob[j] = _to(rc * ((dy * gb[j] - mg) - xhat * mgx), xz)
-                pgb[j] += dy * xhat  # the product rounded to T, as in the reference
+                v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
+                ob[j] = _to(v, xz)
+                pgb[j] += dy * xhat
                 pbb[j] += dy
         elif with_dh:
-            hb = dhr[j0:j0 + SPAN]
-            rb = drr[j0:j0 + SPAN]
             for j in range(xb.shape[0]):
-                dy = _ld(db[j])
-                xhat = ((_ld(xb[j]) - hi) - lo) * rc
-                v = rc * ((dy * gb[j] - mg) - xhat * mgx) + _ld(hb[j])
+                v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
+                v += _ld(hb[j])
                 ob[j] = _to(v, xz)
                 rb[j] = _to(v, rz)
                 pgb[j] += dy * xhat
                 pbb[j] += dy
         else:
-            rb = drr[j0:j0 + SPAN]
             for j in range(xb.shape[0]):
-                dy = _ld(db[j])
-                xhat = ((_ld(xb[j]) - hi) - lo) * rc
-                v = rc * ((dy * gb[j] - mg) - xhat * mgx)
+                v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
                 ob[j] = _to(v, xz)
                 rb[j] = _to(v, rz)
                 pgb[j] += dy * xhat
@@ -419,16 +425,20 @@ def _write_dx(xr, dyr, dhr, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, nd
 
 
 @njit(cache=True)
-def _write_dx_tile(xt, dyt, scale, st, dxt, pg, pb):
+def _write_dx_tile(xt, dyt, dht, scale, st, dxt, drt, pg, pb):
     """dx for TILE rows at once, and their dgamma/dbeta terms added to pg, pb row by row.
 
-    xt, dyt, dxt: (TILE, D); scale: (D,) T; st: (TILE, 5) T, per row (hi, lo, rstd, mean_g,
-    mean_gxhat); pg, pb: (D,) float64. Each partial is loaded once, gets the TILE rows' terms
-    added in row order (the same additions, in the same order, as TILE calls of _write_dx) and
-    is stored once. The rows are unrolled by hand so that LLVM vectorises over j.
+    xt, dyt, dxt: (TILE, D); dht, drt: as for _write_dx, (TILE, D) or (TILE, 0); scale: (D,)
+    T; st: (TILE, 5) T, per row (hi, lo, rstd, mean_g, mean_gxhat); pg, pb: (D,) float64.
+    Each partial is loaded once, gets the TILE rows' terms added in row order (the same
+    additions, in the same order, as TILE calls of _write_dx) and is stored once. The rows are
+    unrolled by hand so that LLVM vectorises over j.
     """
     D = xt.shape[1]
     xz = dxt.dtype.type(0)
+    rz = drt.dtype.type(0)
+    add = drt.shape[1] > 0
+    with_dh = dht.shape[1] > 0
     h0, l0, r0, g0, q0 = st[0, 0], st[0, 1], st[0, 2], st[0, 3], st[0, 4]
     h1, l1, r1, g1, q1 = st[1, 0], st[1, 1], st[1, 2], st[1, 3], st[1, 4]
     h2, l2, r2, g2, q2 = st[2, 0], st[2, 1], st[2, 2], st[2, 3], st[2, 4]
@@ -438,35 +448,37 @@ def _write_dx_tile(xt, dyt, scale, st, dxt, pg, pb):
         a0, a1, a2, a3 = xt[0, j0:j1], xt[1, j0:j1], xt[2, j0:j1], xt[3, j0:j1]  # (<= SPAN,)
         b0, b1, b2, b3 = dyt[0, j0:j1], dyt[1, j0:j1], dyt[2, j0:j1], dyt[3, j0:j1]
         c0, c1, c2, c3 = dxt[0, j0:j1], dxt[1, j0:j1], dxt[2, j0:j1], dxt[3, j0:j1]
+        e0, e1, e2, e3 = dht[0, j0:j1], dht[1, j0:j1], dht[2, j0:j1], dht[3, j0:j1]
+        f0, f1, f2, f3 = drt[0, j0:j1], drt[1, j0:j1], drt[2, j0:j1], drt[3, j0:j1]
         gb = scale[j0:j1]
         pgb = pg[j0:j1]
         pbb = pb[j0:j1]
-        for j in range(a0.shape[0]):
-            g = gb[j]
-            sg = pgb[j]
-            sb = pbb[j]
-            dy = _ld(b0[j])
-            xhat = ((_ld(a0[j]) - h0) - l0) * r0
-            c0[j] = _to(r0 * ((dy * g - g0) - xhat * q0), xz)
-            sg += dy * xhat  # the product rounded to T, as in _write_dx
-            sb += dy
-            dy = _ld(b1[j])
-            xhat = ((_ld(a1[j]) - h1) - l1) * r1
-            c1[j] = _to(r1 * ((dy * g - g1) - xhat * q1), xz)
-            sg += dy * xhat
-            sb += dy
-            dy = _ld(b2[j])
-            xhat = ((_ld(a2[j]) - h2) - l2) * r2
-            c2[j] = _to(r2 * ((dy * g - g2) - xhat * q2), xz)
-            sg += dy * xhat
-            sb += dy
-            dy = _ld(b3[j])
-            xhat = ((_ld(a3[j]) - h3) - l3) * r3
-            c3[j] = _to(r3 * ((dy * g - g3) - xhat * q3), xz)
-            sg += dy * xhat
-            sb += dy
-            pgb[j] = sg
-            pbb[j] = sb
+        if not add:
+            for j in range(a0.shape[0]):
+                g = gb[j]
+                v0, d0, x0 = _dx(a0[j], b0[j], g, h0, l0, r0, g0, q0)
+                v1, d1, x1 = _dx(a1[j], b1[j], g, h1, l1, r1, g1, q1)
+                v2, d2, x2 = _dx(a2[j], b2[j], g, h2, l2, r2, g2, q2)
+                v3, d3, x3 = _dx(a3[j], b3[j], g, h3, l3, r3, g3, q3)
+                c0[j], c1[j], c2[j], c3[j] = _to(v0, xz), _to(v1, xz), _to(v2, xz), _to(v3, xz)
+                pgb[j] = (((pgb[j] + d0 * x0) + d1 * x1) + d2 * x2) + d3 * x3
+                pbb[j] = (((pbb[j] + d0) + d1) + d2) + d3
+        else:
+            for j in range(a0.shape[0]):
+                g = gb[j]
+                v0, d0, x0 = _dx(a0[j], b0[j], g, h0, l0, r0, g0, q0)
+                v1, d1, x1 = _dx(a1[j], b1[j], g, h1, l1, r1, g1, q1)
+                v2, d2, x2 = _dx(a2[j], b2[j], g, h2, l2, r2, g2, q2)
+                v3, d3, x3 = _dx(a3[j], b3[j], g, h3, l3, r3, g3, q3)
+                if with_dh:
+                    v0 += _ld(e0[j])
+                    v1 += _ld(e1[j])
+                    v2 += _ld(e2[j])
+                    v3 += _ld(e3[j])
+                c0[j], c1[j], c2[j], c3[j] = _to(v0, xz), _to(v1, xz), _to(v2, xz), _to(v3, xz)
+                f0[j], f1[j], f2[j], f3[j] = _to(v0, rz), _to(v1, rz), _to(v2, rz), _to(v3, rz)
+                pgb[j] = (((pgb[j] + d0 * x0) + d1 * x1) + d2 * x2) + d3 * x3
+                pbb[j] = (((pbb[j] + d0) + d1) + d2) + d3
 
 
 @njit(cache=True)
@@ -544,15 +556,13 @@ def backward_kernel(x, dy, dh, scale, stats, check, centred, dx, dres, partial, 
 
     x, dy: (M, D) storage; dh: (M, D), or (M, 0) without dh; dres: (M, D) for an add-norm,
     else (M, 0); scale: (D,) T; stats: (M, NSTATS) float64; check: (M,) uint64.
-    LayerNorm and RMSNorm rows go TILE at a time (the chunk's last M % TILE rows, and a tile
-    holding a scaled or changed row or a row whose T sums are not finite, one at a time): the
-    partials get the same additions in the same row order either way. Add-norm rows go one at
-    a time.
+    Rows go TILE at a time (the chunk's last M % TILE rows, and a tile holding a scaled or
+    changed row or a row whose T sums are not finite, one at a time): the partials get the
+    same additions in the same row order either way.
     """
     M, D = x.shape
     z = scale.dtype.type(0)
     C = partial.shape[0]
-    tiles = dh.shape[1] == 0 and dres.shape[1] == 0
     for c in prange(C):
         pg = partial[c, 0]  # (D,) float64
         pb = partial[c, 1]  # (D,) float64
@@ -561,7 +571,7 @@ def backward_kernel(x, dy, dh, scale, stats, check, centred, dx, dres, partial, 
         st = np.empty((TILE, 5), scale.dtype)  # per row: hi, lo, rstd, mean_g, mean_gxhat
         i = c * M // C
         end = (c + 1) * M // C
-        while tiles and i + TILE <= end:
+        while i + TILE <= end:
             fast = True
             for k in range(TILE):
                 s = stats[i + k]
@@ -577,7 +587,8 @@ def backward_kernel(x, dy, dh, scale, stats, check, centred, dx, dres, partial, 
                 st[k, 3] = _to(su / D, z) if centred else z
                 st[k, 4] = _to(r * (sut - lo * su) / D, z)
             if fast:
-                _write_dx_tile(x[i:i + TILE], dy[i:i + TILE], scale, st, dx[i:i + TILE], pg, pb)
+                _write_dx_tile(x[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], scale, st,
+                               dx[i:i + TILE], dres[i:i + TILE], pg, pb)
                 for k in range(TILE):
                     ok[i + k] = True
             else:
