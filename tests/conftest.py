@@ -96,12 +96,13 @@ def _row(x: np.ndarray, g: np.ndarray, eps: float, centred: bool
          ) -> tuple[np.ndarray, float, np.ndarray]:
     """xhat, rstd and dx of one finite row x (float64) with g = dy * scale, by math.fsum.
 
-    dx is written in terms of c = x - mean (c = x uncentred) and rstd**3, the form the chain
-    rule gives directly: d/dx_i [c_j (mean(c**2) + eps)**-1/2] = rstd (dc_j/dx_i) -
-    c_j rstd**3 c_i / D, with dc_j/dx_i = delta_ij - 1/D (centred) or delta_ij. A row whose
-    squares could overflow is first scaled by s = 2**-e (exact), with eps * s**2: xhat is
-    unchanged, rstd and dx are s times those of the scaled row. The centring is corrected
-    (c -= mean(c)), so the rounding of the mean does not shift c when |mean| >> std.
+    With c = x - mean (c = x uncentred), the chain rule gives d/dx_i [c_j rstd] =
+    rstd (dc_j/dx_i) - c_j rstd**3 c_i / D, with dc_j/dx_i = delta_ij - 1/D (centred) or
+    delta_ij; so dx = rstd (g - mean(g)) - xhat rstd mean(g xhat), written with xhat = c rstd
+    (rstd**3 alone underflows for |x| beyond ~1e102). A row whose squares could overflow is
+    first scaled by s = 2**-e (exact), with eps * s**2: xhat is unchanged, rstd and dx are s
+    times those of the scaled row. The centring is corrected (c -= mean(c)), so the rounding
+    of the mean does not shift c when |mean| >> std.
     """
     d = x.size
     top = float(np.max(np.abs(x))) if d else 0.0
@@ -117,8 +118,9 @@ def _row(x: np.ndarray, g: np.ndarray, eps: float, centred: bool
         rstd = 1.0 / math.sqrt(eps)
         return np.zeros(d), rstd, rstd * (g - mean_g)
     rstd_s = 1.0 / math.sqrt(var + math.ldexp(eps, -2 * e))
-    dx = s * (rstd_s * (g - mean_g) - c * rstd_s**3 * (math.fsum(g * c) / d))
-    return c * rstd_s, rstd_s * s, dx
+    xhat = c * rstd_s
+    dx = rstd_s * (g - mean_g - xhat * (math.fsum(g * xhat) / d)) * s
+    return xhat, rstd_s * s, dx
 
 
 def h_rounded(x: np.ndarray, residual: np.ndarray, residual_dtype: object = None) -> np.ndarray:
