@@ -123,6 +123,19 @@ def _row(x: np.ndarray, g: np.ndarray, eps: float, centred: bool
     return xhat, rstd_s * s, dx
 
 
+def _row_ieee(x: np.ndarray, g: np.ndarray, eps: float, centred: bool
+              ) -> tuple[np.ndarray, float, np.ndarray]:
+    """xhat, rstd and dx of a row holding inf or NaN: the definition in IEEE float64, which is
+    all there is to compare with (LayerNorm: NaN throughout; RMSNorm with an inf: rstd = 0, so
+    xhat is NaN at the inf and 0 elsewhere, and dx NaN)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        c = x - x.mean() if centred else x
+        rstd = 1.0 / np.sqrt(np.mean(c * c) + eps)
+        xhat = c * rstd
+        dx = rstd * (g - (g.mean() if centred else 0.0) - xhat * np.mean(g * xhat))
+    return xhat, float(rstd), dx
+
+
 def h_rounded(x: np.ndarray, residual: np.ndarray, residual_dtype: object = None) -> np.ndarray:
     """h = x + residual as the add-norms define it: formed in the widest compute dtype of x,
     residual and residual_dtype, rounded once to residual_dtype (default x's dtype)."""
@@ -142,7 +155,8 @@ def oracle(norm: Norm, args: list, cot: list, *, eps: float | None = None,
            zero_centered_gamma: bool = False, residual_dtype: object = None) -> Oracle:
     """``norm``'s results in float64 from the definition, one row at a time with math.fsum, on
     the given (already rounded) inputs; an add-norm normalizes h rounded as it defines
-    (:func:`h_rounded`). A row with a non-finite value gives NaN throughout."""
+    (:func:`h_rounded`). A row with a non-finite value follows IEEE arithmetic
+    (:func:`_row_ieee`)."""
     eps = norm.eps if eps is None else eps
     x = args[0]
     if norm.residual:
@@ -162,8 +176,8 @@ def oracle(norm: Norm, args: list, cot: list, *, eps: float | None = None,
     m = h2.shape[0]
     xhat, dx, rstd = np.full((m, d), np.nan), np.full((m, d), np.nan), np.full(m, np.nan)
     for r in range(m):
-        if np.all(np.isfinite(h2[r])):
-            xhat[r], rstd[r], dx[r] = _row(h2[r], dy[r] * scale, eps, norm.centred)
+        row = _row if np.all(np.isfinite(h2[r])) else _row_ieee
+        xhat[r], rstd[r], dx[r] = row(h2[r], dy[r] * scale, eps, norm.centred)
     with np.errstate(invalid="ignore", over="ignore"):
         y = scale * xhat + shift  # (M, D)
         dgamma = np.array([math.fsum(col) if np.all(np.isfinite(col)) else np.nan
