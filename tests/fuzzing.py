@@ -217,3 +217,51 @@ def scales(p: Problem, ex: Exact) -> Scales:
         dgamma=top((np.abs(dy) * np.maximum(np.abs(xhat), 1.0)).sum(0)),
         dbeta=top(np.abs(dy).sum(0)),
     )
+
+
+def draw_family(data: st.DataObject, p: Problem, residual: bool, centred: bool,
+                residual_dtypes: tuple[str | None, ...] = (None, "float32")
+                ) -> tuple[list, list, dict]:
+    """A family member's forward arguments (x, [residual], gamma, [beta]), cotangents (dy,
+    [dh]) and keywords (zero_centered_gamma, [residual_dtype]) built on ``p``: the residual is
+    drawn as x was (kind, dtype, layout), dh as dy; beta only where the norm is ``centred``."""
+    zero_centered = data.draw(st.booleans(), label="zero_centered_gamma")
+    args, cot = [p.x], [p.dy]
+    kw: dict = {"zero_centered_gamma": zero_centered}
+    if residual:
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="residual seed"))
+        dt = p.dtype
+        args.append(_lay_out(_round(_values(rng, p.kind, p.x.shape, dt), dt), p.layout))
+        dh = _round(rng.standard_normal(p.x.shape) * 10.0 ** rng.uniform(-2, 2), dt)
+        cot.append(_lay_out(dh, p.layout))
+        kw["residual_dtype"] = data.draw(st.sampled_from(residual_dtypes), label="residual_dtype")
+    args += [p.gamma, p.beta] if centred else [p.gamma]
+    return args, cot, kw
+
+
+def family_scales(o: object) -> dict[str, float]:
+    """The size of the terms that make each result of a family member (the ``scale`` of the
+    comparison), as :func:`scales` for LayerNorm, from the float64 oracle's own terms ``o``
+    (a tests/conftest.py ``Oracle``): g = dy * scale, and dx = dh + rstd * (g - [mean(g)] -
+    xhat * mean(g * xhat)). |xhat| counts as at least 1, as in :class:`Scales`. Rows the
+    oracle gives as NaN (h not finite) add nothing: every result there must be NaN."""
+    xhat, rstd = o.xhat, o.rstd[:, None]  # (M, D), (M, 1)
+    g = o.dy * o.scale  # (M, D)
+    centred = "dbeta" in o.results
+    with np.errstate(invalid="ignore"):
+        dnorm = rstd * (np.abs(g) + (np.abs(g.mean(1, keepdims=True)) if centred else 0.0)
+                        + np.abs(xhat) * np.abs(g * xhat).mean(1, keepdims=True))
+        xhat1 = np.maximum(np.abs(xhat), 1.0)
+
+    def top(a: np.ndarray) -> float:
+        a = a[np.isfinite(a)]
+        return float(np.max(a)) if a.size else 0.0
+
+    sizes = {"y": top(np.abs(o.scale) * xhat1 + np.abs(o.beta)),
+             "dx": top(dnorm + np.abs(o.dh)),
+             "dgamma": top(np.nansum(np.abs(o.dy) * xhat1, axis=0)),
+             "dbeta": top(np.abs(o.dy).sum(0))}
+    sizes["dresidual"] = sizes["dx"]
+    if "h" in o.results:
+        sizes["h"] = top(np.abs(o.results["h"]))
+    return {k: sizes[k] for k in o.results}

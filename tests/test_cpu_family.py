@@ -10,101 +10,81 @@ pytest.importorskip("numba")
 
 import layernorm as ln  # noqa: E402 - after the skip
 from layernorm import cpu  # noqa: E402
-from layernorm.dtypes import available, resolve  # noqa: E402
+from layernorm.dtypes import available  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
 from layernorm.tolerances import assert_close  # noqa: E402
 
 DTYPES = available()
-OUTPUTS = ("y", "h", "dx", "dresidual")  # compared as "out"; the parameter gradients as "param"
 
 
-def _inputs(norm, shape, dtype, seed=0, residual_dtype=None):
-    """The forward's arguments (x, [residual], gamma, [beta]) and the backward's cotangents
-    (dy, [dh]), rounded to ``dtype`` (the residual and dh to ``residual_dtype``)."""
-    rng = np.random.default_rng(seed)
-    dt, rt = resolve(dtype), resolve(residual_dtype or dtype)
-    d = shape[-1]
-    args = [(rng.standard_normal(shape) * 2 + 0.5).astype(dt)]
-    if norm.residual:
-        args.append(rng.standard_normal(shape).astype(rt))
-    args += [rng.standard_normal(d).astype(dt) for _ in norm.params]
-    cot = [rng.standard_normal(shape).astype(dt)]
-    if norm.residual:
-        cot.append(rng.standard_normal(shape).astype(rt))
-    return args, cot
-
-
-def _run(module, norm, args, cot, **kw):
-    """``norm``'s forward outputs but the cache, then its backward's outputs, from ``module``."""
-    *outs, cache = getattr(module, f"{norm.name}_forward")(*args, **kw)
-    return [*outs, *getattr(module, f"{norm.name}_backward")(*cot, cache)]
-
-
-def _names(norm):
-    return [*norm.forward_outputs, *norm.backward_outputs, *("d" + p for p in norm.params)]
-
-
-def _assert_matches_reference(norm, args, cot, dtype, **kw):
-    got = _run(cpu, norm, args, cot, **kw)
-    want = _run(ln, norm, args, cot, **kw)
-    for g, w, name in zip(got, want, _names(norm), strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype, name
-        assert_close(g, w, dtype, "out" if name in OUTPUTS else "param", name=name)
-    return got
+@pytest.fixture
+def matches_reference(run_norm, results_close):
+    """Runs the fused ``norm`` and the reference on the same arguments and asserts every result
+    has the reference's shape and dtype and is within the table for ``dtype``; returns the
+    fused results."""
+    def check(norm, args, cot, dtype, **kw):
+        got = run_norm(cpu, norm, args, cot, **kw)
+        want = run_norm(ln, norm, args, cot, **kw)
+        for name, g in got.items():
+            assert g.shape == want[name].shape and g.dtype == want[name].dtype, name
+        results_close(got, want, dtype)
+        return got
+    return check
 
 
 @pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "1+gamma"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(NORMS))
-def test_fused_matches_the_reference(name, dtype, zero_centered):
+def test_fused_matches_the_reference(name, dtype, zero_centered, family_inputs,
+                                     matches_reference):
     """Protects every fused kernel of the family in every dtype, with gamma and with 1 + gamma:
     each output and gradient matches the reference on the same inputs within the tolerance
     table, in the reference's dtypes."""
     norm = NORMS[name]
-    args, cot = _inputs(norm, (3, 7, 300), dtype)
-    _assert_matches_reference(norm, args, cot, dtype, zero_centered_gamma=zero_centered)
+    args, cot = family_inputs(norm, (3, 7, 300), dtype)
+    matches_reference(norm, args, cot, dtype, zero_centered_gamma=zero_centered)
 
 
 @pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
-def test_add_norm_with_a_float32_residual_stream(name):
+def test_add_norm_with_a_float32_residual_stream(name, family_inputs, run_norm,
+                                                 matches_reference):
     """Protects mixed dtypes: bfloat16 activations on a float32 residual stream. h is the
     reference's h bit for bit (both round x + residual once), dresidual comes back float32."""
     if "bfloat16" not in DTYPES:
         pytest.skip("needs ml_dtypes")
     norm = NORMS[name]
-    args, cot = _inputs(norm, (5, 130), "bfloat16", residual_dtype="float32")
+    args, cot = family_inputs(norm, (5, 130), "bfloat16", residual_dtype="float32")
     kw = {"residual_dtype": "float32"}
-    got = _assert_matches_reference(norm, args, cot, "bfloat16", **kw)
-    want_h = _run(ln, norm, args, cot, **kw)[1]
-    assert got[1].dtype == np.float32 and got[1].tobytes() == want_h.tobytes()
-    assert got[3].dtype == np.float32  # dresidual in the residual's dtype
+    got = matches_reference(norm, args, cot, "bfloat16", **kw)
+    want_h = run_norm(ln, norm, args, cot, **kw)["h"]
+    assert got["h"].dtype == np.float32 and got["h"].tobytes() == want_h.tobytes()
+    assert got["dresidual"].dtype == np.float32  # dresidual in the residual's dtype
 
 
 @pytest.mark.parametrize("name", list(NORMS))
-def test_a_rows_results_do_not_depend_on_the_batch(name):
+def test_a_rows_results_do_not_depend_on_the_batch(name, family_inputs, run_norm):
     """Protects batch invariance: a row's outputs and dx are bitwise the same whatever rows
     surround it and however many there are (M = 1, 7, 64; the tiled and row-by-row paths)."""
     norm = NORMS[name]
-    args, cot = _inputs(norm, (64, 200), "float32", seed=3)
+    args, cot = family_inputs(norm, (64, 200), "float32", seed=3)
     row = 5
-    ref = _run(cpu, norm, [a[row:row + 1] if a.ndim == 2 else a for a in args],
-               [c[row:row + 1] for c in cot])
+    ref = run_norm(cpu, norm, [a[row:row + 1] if a.ndim == 2 else a for a in args],
+                   [c[row:row + 1] for c in cot])
     for m, at in ((7, 2), (64, row), (64, 63)):
         rows = np.roll(np.arange(64), at - row)[:m]  # ``row`` lands at index ``at``
-        got = _run(cpu, norm, [a[rows] if a.ndim == 2 else a for a in args],
-                   [c[rows] for c in cot])
-        n = len(norm.forward_outputs) + len(norm.backward_outputs)
-        for g, r in zip(got[:n], ref[:n], strict=True):
-            assert g[at].tobytes() == r[0].tobytes(), (m, at)
+        got = run_norm(cpu, norm, [a[rows] if a.ndim == 2 else a for a in args],
+                       [c[rows] for c in cot])
+        for name in (*norm.forward_outputs, *norm.backward_outputs):
+            assert got[name][at].tobytes() == ref[name][0].tobytes(), (name, m, at)
 
 
 @pytest.mark.parametrize("name", list(NORMS))
-def test_a_changed_input_is_caught_not_differentiated(name):
+def test_a_changed_input_is_caught_not_differentiated(name, family_inputs):
     """Protects the cache that refers to x (or h): changing one element between the forward
     and the backward raises ValueError instead of returning the gradient of another forward;
     changing gamma has no effect (the cache holds a copy); no input is ever written."""
     norm = NORMS[name]
-    args, cot = _inputs(norm, (9, 50), "float32", seed=4)
+    args, cot = family_inputs(norm, (9, 50), "float32", seed=4)
     before = [a.copy() for a in (*args, *cot)]
     fwd = getattr(cpu, f"{norm.name}_forward")
     bwd = getattr(cpu, f"{norm.name}_backward")
@@ -147,11 +127,11 @@ def test_modules_return_fresh_arrays_unless_asked_to_reuse(module):
 
 
 @pytest.mark.parametrize("dtype,big", [("float32", 1e30), ("float64", 1e300)])
-def test_rms_rows_whose_squares_overflow(dtype, big):
+def test_rms_rows_whose_squares_overflow(dtype, big, family_inputs, matches_reference):
     """Protects RMSNorm's power-of-two rescaling in the kernels: rows whose squares overflow
     the compute dtype match the reference (finite, within the table)."""
     norm = NORMS["rms_norm"]
-    args, cot = _inputs(norm, (6, 40), dtype, seed=6)
+    args, cot = family_inputs(norm, (6, 40), dtype, seed=6)
     args[0][2] *= big
-    got = _assert_matches_reference(norm, args, cot, dtype)
-    assert np.isfinite(got[0]).all() and np.isfinite(got[1]).all()
+    got = matches_reference(norm, args, cot, dtype)
+    assert np.isfinite(got["y"]).all() and np.isfinite(got["dx"]).all()

@@ -1,6 +1,6 @@
 """The rest of the family in the NumPy reference: RMSNorm, zero-centred gamma and the fused
-residual add, against float64 oracles written here, finite differences, planted bugs, and the
-exact properties (fused = unfused, batch invariance, inputs never modified)."""
+residual add, against the float64 oracle (tests/conftest.py), finite differences, planted
+bugs, and the exact properties (fused = unfused, batch invariance, inputs never modified)."""
 
 from __future__ import annotations
 
@@ -10,53 +10,15 @@ import numpy as np
 import pytest
 
 import layernorm as ln
-from layernorm.dtypes import available, resolve
 from layernorm.family import NORMS
 from layernorm.tolerances import assert_close
 
 RNG = np.random.default_rng(2024)
 DTYPES = ["float64", "float32", "float16", "bfloat16"]
-EPS = {name: NORMS[name].eps for name in ("layer_norm", "rms_norm")}  # the functions' defaults
-
-
-def _dtype(name):
-    """The NumPy dtype called ``name``; skips the test where bfloat16 (ml_dtypes) is absent."""
-    if name not in available():
-        pytest.skip("bfloat16 needs ml_dtypes")
-    return resolve(name)
 
 
 def _rand(shape, dtype, scale=1.0, offset=0.0):
     return (offset + scale * RNG.standard_normal(shape)).astype(dtype)
-
-
-def oracle(x, gamma, beta, eps, dy, *, centred, zero_centered_gamma=False):
-    """y, dx, dgamma, dbeta in float64 from the definition, one row at a time with math.fsum.
-
-    dx is written in terms of c = x - mean (c = x uncentred) and rstd**3, the form the chain
-    rule gives directly: d/dx_i [c_j (mean(c**2) + eps)**-1/2] = rstd (dc_j/dx_i) -
-    c_j rstd**3 c_i / D, with dc_j/dx_i = delta_ij - 1/D (centred) or delta_ij.
-    """
-    x = np.asarray(x, np.float64)
-    d = x.shape[-1]
-    x2, dy2 = x.reshape(-1, d), np.asarray(dy, np.float64).reshape(-1, d)
-    if gamma is None:
-        scale = np.ones(d)
-    else:
-        scale = np.asarray(gamma, np.float64) + (1.0 if zero_centered_gamma else 0.0)
-    shift = np.zeros(d) if beta is None else np.asarray(beta, np.float64)
-    y, dx, xhat = np.empty_like(x2), np.empty_like(x2), np.empty_like(x2)
-    for r, (row, dyr) in enumerate(zip(x2, dy2, strict=True)):
-        c = row - (math.fsum(row) / d if centred else 0.0)
-        rstd = 1.0 / math.sqrt(math.fsum(c * c) / d + eps)
-        xhat[r] = c * rstd
-        y[r] = scale * xhat[r] + shift
-        g = dyr * scale
-        mean_g = math.fsum(g) / d if centred else 0.0
-        dx[r] = rstd * (g - mean_g) - c * rstd**3 * (math.fsum(g * c) / d)
-    dgamma = np.array([math.fsum(col) for col in (dy2 * xhat).T])
-    dbeta = np.array([math.fsum(col) for col in dy2.T])
-    return y.reshape(x.shape), dx.reshape(x.shape), dgamma, dbeta
 
 
 def _size(a):
@@ -68,28 +30,26 @@ def _size(a):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("zero_centered", [False, True])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_norms_against_float64_oracle(kind, zero_centered, dtype):
+def test_norms_against_float64_oracle(kind, zero_centered, dtype, dtype_or_skip, run_norm,
+                                      float64_oracle, results_close):
     """Protects rms_norm_forward/backward (and layer_norm with zero_centered_gamma) in every
     dtype: y, dx, dgamma (dbeta) within the table's tolerance of the float64 oracle on the same
     rounded inputs, returned in the inputs' dtypes."""
-    dt = _dtype(dtype)
+    dt = dtype_or_skip(dtype)
+    norm = NORMS[kind]
     shape = (2, 3, 40)
     x, dy = _rand(shape, dt, 2.0, 0.5), _rand(shape, dt)
     gamma = _rand(40, dt, 0.3, 0.0 if zero_centered else 1.0)
     beta = _rand(40, dt) if kind == "layer_norm" else None
-    params = (gamma, beta) if kind == "layer_norm" else (gamma,)
-    y, cache = getattr(ln, f"{kind}_forward")(x, *params, zero_centered_gamma=zero_centered)
-    dx, dgamma, *dbeta = getattr(ln, f"{kind}_backward")(dy, cache)
-    want = oracle(x, gamma, beta, EPS[kind], dy, centred=kind == "layer_norm",
-                  zero_centered_gamma=zero_centered)
-    assert y.dtype == dx.dtype == dgamma.dtype == dt
-    assert_close(y, want[0], dt, scale=_size(want[0]), name="y")
-    assert_close(dx, want[1], dt, scale=_size(want[1]), name="dx")
-    assert_close(dgamma, want[2], dt, "param", scale=_size(want[2]), name="dgamma")
-    if kind == "layer_norm":
-        assert_close(dbeta[0], want[3], dt, "param", scale=_size(want[3]), name="dbeta")
-    else:
-        assert dbeta == []  # rms_norm_backward returns (dx, dgamma)
+    args = [x, gamma, beta] if kind == "layer_norm" else [x, gamma]
+    kw = {"zero_centered_gamma": zero_centered}
+    got = run_norm(ln, norm, args, [dy], **kw)
+    # rms_norm_backward returns (dx, dgamma), layer_norm_backward (dx, dgamma, dbeta)
+    assert list(got) == (["y", "dx", "dgamma", "dbeta"] if kind == "layer_norm" else
+                         ["y", "dx", "dgamma"])
+    want = float64_oracle(norm, args, [dy], **kw).results
+    assert got["y"].dtype == got["dx"].dtype == got["dgamma"].dtype == dt
+    results_close(got, want, dt, scales={k: _size(w) for k, w in want.items()})
 
 
 ADD_DTYPES = [  # (x, residual, residual_dtype)
@@ -107,33 +67,32 @@ ADD_DTYPES = [  # (x, residual, residual_dtype)
 
 @pytest.mark.parametrize("x_name,res_name,h_name", ADD_DTYPES)
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_add_norms_against_float64_oracle(kind, x_name, res_name, h_name):
+def test_add_norms_against_float64_oracle(kind, x_name, res_name, h_name, dtype_or_skip,
+                                          run_norm, float64_oracle, results_close):
     """Protects add_layer_norm/add_rms_norm in every dtype and mixed dtypes: h = x + residual
     in residual_dtype, y = norm(h) in x's dtype, dx = dresidual = dh + dnorm in x's and
     residual's dtypes, all within tolerance of the float64 oracle."""
-    xdt, rdt = _dtype(x_name), _dtype(res_name)
-    hdt = xdt if h_name is None else _dtype(h_name)
+    xdt, rdt = dtype_or_skip(x_name), dtype_or_skip(res_name)
+    hdt = xdt if h_name is None else dtype_or_skip(h_name)
+    norm = NORMS[f"add_{kind}"]
     shape = (5, 33)
     x, residual = _rand(shape, xdt), _rand(shape, rdt, 3.0, 1.0)
     dy, dh = _rand(shape, xdt), _rand(shape, hdt)
     gamma = _rand(33, xdt, 0.5, 1.0)
     beta = _rand(33, xdt) if kind == "layer_norm" else None
-    params = (gamma, beta) if kind == "layer_norm" else (gamma,)
-    y, h, cache = getattr(ln, f"add_{kind}_forward")(x, residual, *params, residual_dtype=h_name)
-    dx, dresidual, dgamma, *dbeta = getattr(ln, f"add_{kind}_backward")(dy, dh, cache)
-    assert (y.dtype, h.dtype, dx.dtype, dresidual.dtype, dgamma.dtype) == (xdt, hdt, xdt, rdt, xdt)
+    args = [x, residual, gamma, beta] if kind == "layer_norm" else [x, residual, gamma]
+    got = run_norm(ln, norm, args, [dy, dh], residual_dtype=h_name)
+    assert tuple(got[k].dtype for k in ("y", "h", "dx", "dresidual", "dgamma")) == \
+        (xdt, hdt, xdt, rdt, xdt)
 
     h_want = x.astype(np.float64) + residual.astype(np.float64)  # exact in float64 here
-    assert_close(h, h_want, hdt, scale=_size(h_want), name="h")
-    # the norm reads the rounded h: the oracle does too
-    want = oracle(h, gamma, beta, EPS[kind], dy, centred=kind == "layer_norm")
-    total = want[1] + dh.astype(np.float64)
-    assert_close(y, want[0], xdt, scale=_size(want[0]), name="y")
-    assert_close(dx, total, xdt, scale=_size(total), name="dx")
-    assert_close(dresidual, total, rdt, scale=_size(total), name="dresidual")
-    assert_close(dgamma, want[2], xdt, "param", scale=_size(want[2]), name="dgamma")
-    if kind == "layer_norm":
-        assert_close(dbeta[0], want[3], xdt, "param", scale=_size(want[3]), name="dbeta")
+    assert_close(got["h"], h_want, hdt, scale=_size(h_want), name="h")
+    # the norm reads the rounded h: the oracle does too; dx = dresidual = dh + the norm's dx
+    want = float64_oracle(norm, args, [dy, dh], residual_dtype=h_name).results
+    np.testing.assert_array_equal(want.pop("h"), got.pop("h").astype(np.float64))
+    # each in its own dtype's tolerance (y, dx, dgamma: x's; dresidual: residual's), no finer
+    # than h's compute dtype
+    results_close(got, want, scales={k: _size(w) for k, w in want.items()}, h_dtype=hdt)
 
 
 def test_parameter_gradients_are_none_exactly_when_the_parameter_is():
@@ -278,11 +237,12 @@ def test_zero_centered_equals_explicit_scale_in_float64(kind):
 
 
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_zero_centered_scale_is_formed_in_float32_for_bfloat16(kind):
+def test_zero_centered_scale_is_formed_in_float32_for_bfloat16(kind, dtype_or_skip,
+                                                               float64_oracle):
     """Protects 1 + gamma from rounding to bfloat16: with gamma = 2**-10 (1 + 2**-10 is not a
     bfloat16), the cache's scale is exactly 1 + 2**-10 in float32, and y and dx differ from
     those of gamma rounded to bfloat16 first (which is 1, erasing gamma)."""
-    bf16 = _dtype("bfloat16")
+    bf16 = dtype_or_skip("bfloat16")
     fwd, bwd = getattr(ln, f"{kind}_forward"), getattr(ln, f"{kind}_backward")
     x, dy = _rand((8, 256), bf16, 2.0), _rand((8, 256), bf16)
     gamma = np.full(256, 2.0**-10, dtype=bf16)
@@ -294,9 +254,9 @@ def test_zero_centered_scale_is_formed_in_float32_for_bfloat16(kind):
     assert not np.array_equal(y, y1)
     assert not np.array_equal(bwd(dy, cache)[0], bwd(dy, cache1)[0])
     # and y is right: the float64 oracle with the unrounded 1 + gamma
-    want = oracle(x, gamma, None, EPS[kind], dy, centred=kind == "layer_norm",
-                  zero_centered_gamma=True)
-    assert_close(y, want[0], bf16, scale=_size(want[0]), name="y")
+    args = [x, gamma, None] if kind == "layer_norm" else [x, gamma]
+    want = float64_oracle(NORMS[kind], args, [dy], zero_centered_gamma=True).results["y"]
+    assert_close(y, want, bf16, scale=_size(want), name="y")
 
 
 # --- the fused residual add -----------------------------------------------------------------
@@ -314,11 +274,11 @@ FUSED_DTYPES = [  # (x, residual, residual_dtype): h is as wide as y's compute, 
 
 @pytest.mark.parametrize("x_name,res_name,h_name", FUSED_DTYPES)
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_fused_add_equals_unfused_composition(kind, x_name, res_name, h_name):
+def test_fused_add_equals_unfused_composition(kind, x_name, res_name, h_name, dtype_or_skip):
     """Protects the fusion: h is x + residual rounded once to residual_dtype, and y is bitwise
     the norm of that h (layer_norm_forward(h) or rms_norm_forward(h)) cast to x's dtype."""
-    xdt, rdt = _dtype(x_name), _dtype(res_name)
-    hdt = xdt if h_name is None else _dtype(h_name)
+    xdt, rdt = dtype_or_skip(x_name), dtype_or_skip(res_name)
+    hdt = xdt if h_name is None else dtype_or_skip(h_name)
     x, residual = _rand((6, 50), xdt), _rand((6, 50), rdt, 4.0)
     gamma, beta = _rand(50, xdt), _rand(50, xdt)
     params = (gamma, beta) if kind == "layer_norm" else (gamma,)
@@ -332,10 +292,10 @@ def test_fused_add_equals_unfused_composition(kind, x_name, res_name, h_name):
     np.testing.assert_array_equal(y, y_want.astype(xdt))
 
 
-def test_bfloat16_x_with_a_float32_residual_stream():
+def test_bfloat16_x_with_a_float32_residual_stream(dtype_or_skip):
     """Protects the mixed-precision block: bfloat16 x, float32 residual, residual_dtype float32
     keeps h in float32 (not rounded through bfloat16), y and dx in bfloat16, dresidual float32."""
-    bf16 = _dtype("bfloat16")
+    bf16 = dtype_or_skip("bfloat16")
     x, residual = _rand((4, 64), bf16), _rand((4, 64), np.float32)
     y, h, cache = ln.add_rms_norm_forward(x, residual, np.ones(64, bf16), residual_dtype="float32")
     assert h.dtype == np.float32 and y.dtype == bf16
@@ -350,11 +310,11 @@ def test_bfloat16_x_with_a_float32_residual_stream():
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_dh_none_is_dh_zero_and_outputs_are_distinct(kind, dtype):
+def test_dh_none_is_dh_zero_and_outputs_are_distinct(kind, dtype, dtype_or_skip):
     """Protects dh = None (h used only by the norm): the same as dh = 0, bitwise; and dx and
     dresidual are distinct fresh arrays, aliasing neither each other, dy, dh nor the cache,
     even when x and residual share the compute dtype (where a lazy cast would alias)."""
-    dt = _dtype(dtype)
+    dt = dtype_or_skip(dtype)
     x, residual, dy = _rand((3, 20), dt), _rand((3, 20), dt), _rand((3, 20), dt)
     fwd, bwd = getattr(ln, f"add_{kind}_forward"), getattr(ln, f"add_{kind}_backward")
     _, _, cache = fwd(x, residual, _rand(20, dt))
@@ -379,12 +339,13 @@ def test_dh_none_is_dh_zero_and_outputs_are_distinct(kind, dtype):
     ("bfloat16", 1e30, 0),
     ("float64", 1e300, -1000),  # and float64 beyond ~1.3e154/sqrt(D)
 ])
-def test_rms_norm_rows_whose_squares_overflow(dtype, size, prescale):
+def test_rms_norm_rows_whose_squares_overflow(dtype, size, prescale, dtype_or_skip,
+                                              float64_oracle):
     """Protects RMSNorm's power-of-two rescaling: rows of |x| ~ 1e30 (float32, bfloat16) and
     1e300 (float64), whose squares overflow, beside ordinary rows, give y and dx within
     tolerance of the oracle. For float64 the oracle uses y(x) = y(s*x) and dx(x) = s*dx(s*x)
     with s = 2**prescale, exact for a power of two (eps*s**2 < 1e-600 changes nothing)."""
-    dt = _dtype(dtype)
+    dt = dtype_or_skip(dtype)
     x = _rand((4, 64), dt, size)
     x[1] = _rand(64, dt)  # an ordinary row among them
     with np.errstate(over="ignore"):
@@ -397,23 +358,23 @@ def test_rms_norm_rows_whose_squares_overflow(dtype, size, prescale):
     dgamma_rows = []
     for r in range(4):  # one oracle call per row: each has its own s
         s = 2.0**prescale if r != 1 else 1.0
-        want = oracle(x[r:r + 1].astype(np.float64) * s, gamma, None, 1e-6 * s * s, dy[r:r + 1],
-                      centred=False)
-        assert_close(y[r], want[0][0], dt, scale=_size(want[0]), name=f"y row {r}")
-        w = want[1][0] * s  # dx's size differs by 30 (300) orders of magnitude between rows
+        want = float64_oracle(NORMS["rms_norm"], [x[r:r + 1].astype(np.float64) * s, gamma],
+                              [dy[r:r + 1]], eps=1e-6 * s * s).results
+        assert_close(y[r], want["y"][0], dt, scale=_size(want["y"]), name=f"y row {r}")
+        w = want["dx"][0] * s  # dx's size differs by 30 (300) orders of magnitude between rows
         assert_close(dx[r], w, dt, scale=_size(w), name=f"dx row {r}")
-        dgamma_rows.append(want[2])
+        dgamma_rows.append(want["dgamma"])
     want_dgamma = np.array([math.fsum(col) for col in np.transpose(dgamma_rows)])
     assert_close(dgamma, want_dgamma, dt, "param", scale=_size(want_dgamma), name="dgamma")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
-def test_batch_invariance(kind, dtype):
+def test_batch_invariance(kind, dtype, dtype_or_skip):
     """Protects per-row independence: a row's y and dx (and h, dresidual) are bitwise the same
     alone (M = 1), among 7 rows, and among 64 rows that include an overflowing row, at any
     position."""
-    dt = _dtype(dtype)
+    dt = dtype_or_skip(dtype)
     d = 100
     fwd, bwd = getattr(ln, f"{kind}_forward"), getattr(ln, f"{kind}_backward")
     add = kind.startswith("add_")

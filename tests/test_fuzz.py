@@ -12,12 +12,14 @@ import importlib.util
 
 import numpy as np
 import pytest
-from fuzzing import Problem, budget, draw_problem, scales
+from fuzzing import Problem, budget, draw_family, draw_problem, family_scales, scales
 from hypothesis import given
 from hypothesis import strategies as st
 
 import layernorm as ln
 from layernorm import reference
+from layernorm.dtypes import resolve
+from layernorm.family import NORMS
 from layernorm.tolerances import assert_close
 
 # Drawn extremes may have a true result beyond float16's range: inf, with NumPy's warning.
@@ -73,6 +75,37 @@ def test_backend_matches_the_exact_oracle(backend, data):
     _check_against_oracle(p, got, backend)
 
 
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs numba")
+@pytest.mark.parametrize("name", [n for n in NORMS if n != "layer_norm"])
+@OVERFLOW_IS_AN_ANSWER
+@budget(80)
+@given(data=st.data())
+def test_fused_family_matches_the_reference(name, data, run_norm, float64_oracle,
+                                            results_close):
+    """Protects every other fused member of the family (RMSNorm and both add-norms, with gamma
+    or 1 + gamma, a residual drawn like x, h in x's dtype or float32) on any input: each result
+    within the tolerance table of the float64 oracle of the reference's definition (scaled by
+    the size of its terms; y and dx no more precise than h's compute dtype), h the reference's
+    h bit for bit, and the caller's arrays untouched."""
+    from layernorm import cpu
+
+    norm = NORMS[name]
+    p = draw_problem(data)
+    args, cot, kw = draw_family(data, p, norm.residual, norm.centred)
+    before = [None if a is None else a.tobytes() for a in (*args, *cot)]
+    got = run_norm(cpu, norm, args, cot, eps=p.eps, **kw)
+    after = [None if a is None else a.tobytes() for a in (*args, *cot)]
+    assert after == before, f"{name} modified an input"
+    h_dtype = p.dtype
+    if norm.residual:
+        h_dtype = resolve(kw["residual_dtype"]) if kw["residual_dtype"] else p.dtype
+        want_h = getattr(reference, f"{name}_forward")(*args, eps=p.eps, **kw)[1]
+        assert got["h"].dtype == want_h.dtype and got["h"].tobytes() == want_h.tobytes(), \
+            "h is not the reference's x + residual, rounded once"
+    o = float64_oracle(norm, args, cot, eps=p.eps, **kw)
+    results_close(got, o.results, scales=family_scales(o), what=name, h_dtype=h_dtype)
+
+
 def _shared(a: np.ndarray, extra: int) -> tuple[np.ndarray, np.ndarray]:
     """A C-contiguous copy of ``a`` inside a larger buffer, and that buffer (flat)."""
     buf = np.zeros(a.size + extra, a.dtype)
@@ -81,45 +114,73 @@ def _shared(a: np.ndarray, extra: int) -> tuple[np.ndarray, np.ndarray]:
     return view, buf
 
 
-@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs numba")
-@OVERFLOW_IS_AN_ANSWER
-@budget(400)
-@given(data=st.data())
-def test_out_never_aliases_a_callers_array(data):
-    """Protects the caller's arrays from out=: any out overlapping x, gamma, beta (forward) or
-    dy and the forward's x, gamma, beta (backward) is refused, for every dtype, and leaves them
-    as they were; an out next to them in the same buffer is fine and gives the same bits."""
+FORWARD_INPUTS = ("x", "residual", "gamma", "beta")  # the family's argument names, in order
+
+
+def _out_never_aliases(data: st.DataObject, norm, run_norm) -> None:
+    """The out= property below, for the fused ``norm``."""
     from layernorm import cpu
 
     p = draw_problem(data, max_elements=512)
     if p.x.size == 0:
         return
     n = p.x.size
-    names = [k for k in ("x", "gamma", "beta", "dy") if getattr(p, k) is not None]
-    victim = data.draw(st.sampled_from(names), label="victim")
-    shift = data.draw(st.integers(0, getattr(p, victim).size - 1), label="overlap at")
-    arrays = {k: getattr(p, k) for k in names}
+    args, cot, kw = draw_family(data, p, norm.residual, norm.centred, residual_dtypes=(None,))
+    fwd_names = [k for k in FORWARD_INPUTS if k in ("x", *norm.forward_inputs, *norm.params)]
+    given_names = (*fwd_names, *("dy", "dh")[:len(cot)])
+    arrays = {k: a for k, a in zip(given_names, (*args, *cot), strict=True) if a is not None}
+    victim = data.draw(st.sampled_from(sorted(arrays)), label="victim")
+    shift = data.draw(st.integers(0, arrays[victim].size - 1), label="overlap at")
     arrays[victim], buf = _shared(arrays[victim], n + shift)
     saved = {k: a.copy() for k, a in arrays.items()}
     inside = buf[shift:shift + n].reshape(p.x.shape)  # overlaps the victim
     beside = buf[arrays[victim].size:arrays[victim].size + n].reshape(p.x.shape)
+    out_f = data.draw(st.sampled_from(["out", "out_h"] if norm.residual else ["out"]),
+                      label="forward out")
+    out_b = data.draw(st.sampled_from(["out", "out_dresidual"] if norm.residual else ["out"]),
+                      label="backward out")
+    fargs = [arrays.get(k) for k in fwd_names]
+    cots = [arrays.get(k) for k in ("dy", "dh")[:len(cot)]]
+    fwd = getattr(cpu, f"{norm.name}_forward")
+    bwd = getattr(cpu, f"{norm.name}_backward")
 
-    x, gamma, beta, dy = (arrays.get(k) for k in ("x", "gamma", "beta", "dy"))
-    want_y, want_cache = cpu.layer_norm_forward(x, gamma, beta, p.eps)
-    want = (want_y, *cpu.layer_norm_backward(dy, want_cache))
-    if victim != "dy":
+    want = run_norm(cpu, norm, fargs, cots, eps=p.eps, **kw)
+    forward_victim = victim in fwd_names
+    if forward_victim:
         with pytest.raises(ValueError, match="must not overlap"):
-            cpu.layer_norm_forward(x, gamma, beta, p.eps, out=inside)
-    y, cache = cpu.layer_norm_forward(x, gamma, beta, p.eps,
-                                      out=beside if victim != "dy" else None)
+            fwd(*fargs, eps=p.eps, **kw, **{out_f: inside})
+    *outs, cache = fwd(*fargs, eps=p.eps, **kw, **({out_f: beside} if forward_victim else {}))
     with pytest.raises(ValueError, match="must not overlap"):
-        cpu.layer_norm_backward(dy, cache, out=inside)
+        bwd(*cots, cache, **{out_b: inside})
     for k, a in arrays.items():
         assert a.tobytes() == saved[k].tobytes(), f"{k} was written"
-    dx_out = np.empty_like(beside) if victim != "dy" else beside
-    got = (y, *cpu.layer_norm_backward(dy, cache, out=dx_out))
-    assert [a.tobytes() for a in got if a is not None] == \
-        [a.tobytes() for a in want if a is not None]
+    grads = bwd(*cots, cache, **{out_b: np.empty_like(beside) if forward_victim else beside})
+    assert [a.tobytes() for a in (*outs, *grads) if a is not None] == \
+        [a.tobytes() for a in want.values() if a is not None]
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs numba")
+@OVERFLOW_IS_AN_ANSWER
+@budget(400)
+@given(data=st.data())
+def test_out_never_aliases_a_callers_array(data, run_norm):
+    """Protects the caller's arrays from out=: any out overlapping x, gamma, beta (forward) or
+    dy and the forward's x, gamma, beta (backward) is refused, for every dtype, and leaves them
+    as they were; an out next to them in the same buffer is fine and gives the same bits."""
+    _out_never_aliases(data, NORMS["layer_norm"], run_norm)
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs numba")
+@pytest.mark.parametrize("name", [n for n in NORMS if n != "layer_norm"])
+@OVERFLOW_IS_AN_ANSWER
+@budget(60)
+@given(data=st.data())
+def test_out_never_aliases_a_callers_array_in_the_family(name, data, run_norm):
+    """Protects the caller's arrays from every out= of the other fused members (out, out_h;
+    out, out_dresidual): one overlapping x, residual, gamma, beta (forward) or dy, dh and the
+    forward's inputs (backward) is refused and writes nothing; one beside them gives the same
+    bits as fresh outputs."""
+    _out_never_aliases(data, NORMS[name], run_norm)
 
 
 # --- check_vjp: never a pass for a wrong gradient, never a failure for a right one --------

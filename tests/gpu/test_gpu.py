@@ -17,7 +17,6 @@ pytest.importorskip("triton")
 from layernorm import tolerances  # noqa: E402
 from layernorm.gpu import LayerNorm, kernels, layer_norm, ops  # noqa: E402
 from layernorm.reference import layer_norm_backward, layer_norm_forward  # noqa: E402
-from layernorm.tolerances import tolerance  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -259,6 +258,8 @@ def test_statistics_are_float32():
     _, mean, rstd = ops.fwd(x, None, None, 1e-5)
     assert mean.dtype == rstd.dtype == torch.float32
     x64 = _f64(x)
+    # Not table entries: the table bounds results, not the saved statistics; 1e-6 (1e-5 for
+    # rstd, whose float32 sum of squares of D = 300 terms rounds more) is float32's accuracy.
     np.testing.assert_allclose(_f64(mean), x64.mean(1), atol=1e-6, rtol=1e-6)
     np.testing.assert_allclose(_f64(rstd), 1 / np.sqrt(x64.var(1) + 1e-5), atol=1e-6, rtol=1e-5)
 
@@ -296,13 +297,9 @@ def test_module_is_a_drop_in(kwargs):
     out_theirs, out_ours = theirs(x), ours(x)
     out_theirs.square().sum().backward()
     out_ours.square().sum().backward()
-    tol = tolerance("float32", "out")
-    torch.testing.assert_close(out_ours, out_theirs, atol=tol.atol, rtol=tol.rtol)
-    tol = tolerance("float32", "gpu-param")
-    for (name, p_ours), p_theirs in zip(ours.named_parameters(), theirs.parameters(),
-                                        strict=True):
-        torch.testing.assert_close(p_ours.grad, p_theirs.grad, atol=tol.atol, rtol=tol.rtol,
-                                   msg=name)
+    assert_close(out_ours, _f64(out_theirs), torch.float32, "out")
+    for p_ours, p_theirs in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert_close(p_ours.grad, _f64(p_theirs.grad), torch.float32, "gpu-param")
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside inductor
@@ -331,10 +328,9 @@ def test_compiled_fullgraph_keeps_our_op():
     grads_eager = torch.autograd.grad(y_eager, leaves, dy)
     y_comp = torch.compile(f, fullgraph=True)(*leaves)
     grads_comp = torch.autograd.grad(y_comp, leaves, dy)
-    tol = tolerance("float32", "out")
-    torch.testing.assert_close(y_comp, y_eager, atol=tol.atol, rtol=tol.rtol)
+    assert_close(y_comp, _f64(y_eager), torch.float32, "out")
     for a, c in zip(grads_comp, grads_eager, strict=True):
-        torch.testing.assert_close(a, c, atol=tol.atol, rtol=tol.rtol)
+        assert_close(a, _f64(c), torch.float32, "out")
 
 
 def test_opcheck():
