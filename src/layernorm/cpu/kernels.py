@@ -428,15 +428,16 @@ def _write_dx(xr, dyr, dhr, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, nd
 def _write_dx_tile(xt, dyt, dht, scale, st, dxt, drt, pg, pb):
     """dx for TILE rows at once, and their dgamma/dbeta terms added to pg, pb row by row.
 
-    xt, dyt, dxt: (TILE, D); dht, drt: as for _write_dx, (TILE, D) or (TILE, 0); scale: (D,)
-    T; st: (TILE, 5) T, per row (hi, lo, rstd, mean_g, mean_gxhat); pg, pb: (D,) float64.
+    xt, dyt, dxt: (TILE, D); dht, drt: as for _write_dx, (TILE, D) or (TILE, 0), drt of dxt's
+    dtype (it gets a copy of dx: a fifth and sixth stream of stores in the unrolled loop stop
+    LLVM from vectorising it); scale: (D,) T; st: (TILE, 5) T, per row (hi, lo, rstd, mean_g,
+    mean_gxhat); pg, pb: (D,) float64.
     Each partial is loaded once, gets the TILE rows' terms added in row order (the same
     additions, in the same order, as TILE calls of _write_dx) and is stored once. The rows are
     unrolled by hand so that LLVM vectorises over j.
     """
     D = xt.shape[1]
     xz = dxt.dtype.type(0)
-    rz = drt.dtype.type(0)
     add = drt.shape[1] > 0
     with_dh = dht.shape[1] > 0
     h0, l0, r0, g0, q0 = st[0, 0], st[0, 1], st[0, 2], st[0, 3], st[0, 4]
@@ -449,7 +450,6 @@ def _write_dx_tile(xt, dyt, dht, scale, st, dxt, drt, pg, pb):
         b0, b1, b2, b3 = dyt[0, j0:j1], dyt[1, j0:j1], dyt[2, j0:j1], dyt[3, j0:j1]
         c0, c1, c2, c3 = dxt[0, j0:j1], dxt[1, j0:j1], dxt[2, j0:j1], dxt[3, j0:j1]
         e0, e1, e2, e3 = dht[0, j0:j1], dht[1, j0:j1], dht[2, j0:j1], dht[3, j0:j1]
-        f0, f1, f2, f3 = drt[0, j0:j1], drt[1, j0:j1], drt[2, j0:j1], drt[3, j0:j1]
         gb = scale[j0:j1]
         pgb = pg[j0:j1]
         pbb = pb[j0:j1]
@@ -463,6 +463,19 @@ def _write_dx_tile(xt, dyt, dht, scale, st, dxt, drt, pg, pb):
                 c0[j], c1[j], c2[j], c3[j] = _to(v0, xz), _to(v1, xz), _to(v2, xz), _to(v3, xz)
                 pgb[j] = (((pgb[j] + d0 * x0) + d1 * x1) + d2 * x2) + d3 * x3
                 pbb[j] = (((pbb[j] + d0) + d1) + d2) + d3
+        elif with_dh:
+            for j in range(a0.shape[0]):
+                g = gb[j]
+                v0, d0, x0 = _dx(a0[j], b0[j], g, h0, l0, r0, g0, q0)
+                v1, d1, x1 = _dx(a1[j], b1[j], g, h1, l1, r1, g1, q1)
+                v2, d2, x2 = _dx(a2[j], b2[j], g, h2, l2, r2, g2, q2)
+                v3, d3, x3 = _dx(a3[j], b3[j], g, h3, l3, r3, g3, q3)
+                c0[j] = _to(v0 + _ld(e0[j]), xz)
+                c1[j] = _to(v1 + _ld(e1[j]), xz)
+                c2[j] = _to(v2 + _ld(e2[j]), xz)
+                c3[j] = _to(v3 + _ld(e3[j]), xz)
+                pgb[j] = (((pgb[j] + d0 * x0) + d1 * x1) + d2 * x2) + d3 * x3
+                pbb[j] = (((pbb[j] + d0) + d1) + d2) + d3
         else:
             for j in range(a0.shape[0]):
                 g = gb[j]
@@ -470,15 +483,15 @@ def _write_dx_tile(xt, dyt, dht, scale, st, dxt, drt, pg, pb):
                 v1, d1, x1 = _dx(a1[j], b1[j], g, h1, l1, r1, g1, q1)
                 v2, d2, x2 = _dx(a2[j], b2[j], g, h2, l2, r2, g2, q2)
                 v3, d3, x3 = _dx(a3[j], b3[j], g, h3, l3, r3, g3, q3)
-                if with_dh:
-                    v0 += _ld(e0[j])
-                    v1 += _ld(e1[j])
-                    v2 += _ld(e2[j])
-                    v3 += _ld(e3[j])
                 c0[j], c1[j], c2[j], c3[j] = _to(v0, xz), _to(v1, xz), _to(v2, xz), _to(v3, xz)
-                f0[j], f1[j], f2[j], f3[j] = _to(v0, rz), _to(v1, rz), _to(v2, rz), _to(v3, rz)
                 pgb[j] = (((pgb[j] + d0 * x0) + d1 * x1) + d2 * x2) + d3 * x3
                 pbb[j] = (((pbb[j] + d0) + d1) + d2) + d3
+        if add:  # dresidual = dx: the same dtype, so the same bits (a copy while in cache)
+            for k in range(TILE):
+                src = dxt[k, j0:j1]
+                dst = drt[k, j0:j1]
+                for j in range(src.shape[0]):
+                    dst[j] = src[j]
 
 
 @njit(cache=True)
@@ -556,13 +569,14 @@ def backward_kernel(x, dy, dh, scale, stats, check, centred, dx, dres, partial, 
 
     x, dy: (M, D) storage; dh: (M, D), or (M, 0) without dh; dres: (M, D) for an add-norm,
     else (M, 0); scale: (D,) T; stats: (M, NSTATS) float64; check: (M,) uint64.
-    Rows go TILE at a time (the chunk's last M % TILE rows, and a tile holding a scaled or
-    changed row or a row whose T sums are not finite, one at a time): the partials get the
-    same additions in the same row order either way.
+    Rows go TILE at a time (the chunk's last M % TILE rows, a tile holding a scaled or changed
+    row or a row whose T sums are not finite, and add-norms whose dx and dresidual differ in
+    dtype, one at a time): the partials get the same additions in the same row order.
     """
     M, D = x.shape
     z = scale.dtype.type(0)
     C = partial.shape[0]
+    tiles = dres.shape[1] == 0 or dres.dtype == dx.dtype
     for c in prange(C):
         pg = partial[c, 0]  # (D,) float64
         pb = partial[c, 1]  # (D,) float64
@@ -571,7 +585,7 @@ def backward_kernel(x, dy, dh, scale, stats, check, centred, dx, dres, partial, 
         st = np.empty((TILE, 5), scale.dtype)  # per row: hi, lo, rstd, mean_g, mean_gxhat
         i = c * M // C
         end = (c + 1) * M // C
-        while i + TILE <= end:
+        while tiles and i + TILE <= end:
             fast = True
             for k in range(TILE):
                 s = stats[i + k]
