@@ -51,12 +51,9 @@ Per row of length D:
    (a power-of-two scaling is exact; max|x*2**-e| < 1) and its rstd scaled back by 2**-e.
    Other rows pay one isfinite test of var (ms).
 4. Backward: g = dy*scale, the row means and dx in cdt with pairwise row sums. When g is
-   close to span{1, xhat} (span{xhat} for RMSNorm) the bracket cancels: LayerNorm's dx has
-   normwise error 2.1 to 3.8 u*kappa as measured by `layernorm stability` (tests assert
-   <= 6 u*kappa), kappa = max|g|*rstd/max|dx|, set by the rounding of the cached xhat and of
-   g. Accumulating the row sums in float64 gains nothing (measured); float64 arithmetic from
-   a float32 cache reaches that cache's floor, 0.4 to 0.9 u*kappa, at 3.3 to 3.9 times the
-   time, and is not used.
+   close to span{1, xhat} (span{xhat} for RMSNorm) the bracket cancels: dx's normwise error
+   is a few u*kappa, kappa = max|g|*rstd/max|dx|, set by the rounding of the cached xhat and
+   of g (docs/numerics.md has the measurements, and why float64 sums are not used).
 5. Sums over rows (dgamma, dbeta) accumulate in float64.
 6. scale = 1 + gamma is formed in cdt, never in a half dtype: bfloat16 holds 1 + gamma only to
    2**-8, so a small gamma (a zero-centred gamma starts at 0 and stays near it) would round
