@@ -3,6 +3,8 @@ their contracts: batch invariance, a changed input caught, safe modules."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ pytest.importorskip("numba")
 
 import layernorm as ln  # noqa: E402 - after the skip
 from layernorm import cpu  # noqa: E402
-from layernorm.dtypes import available  # noqa: E402
+from layernorm.dtypes import available, resolve  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
 from layernorm.tolerances import assert_close  # noqa: E402
 
@@ -135,3 +137,68 @@ def test_rms_rows_whose_squares_overflow(dtype, big, family_inputs, matches_refe
     args[0][2] *= big
     got = matches_reference(norm, args, cot, dtype)
     assert np.isfinite(got["y"]).all() and np.isfinite(got["dx"]).all()
+
+
+def _bfloat16_exact(values: np.ndarray) -> np.ndarray:
+    """float64 ``values`` rounded once to nearest even bfloat16, in exact rational arithmetic."""
+    from fractions import Fraction
+
+    out = []
+    for v in values.tolist():
+        if not math.isfinite(v):
+            out.append(v)
+            continue
+        e = max(math.frexp(v)[1], -125) - 8  # the spacing of bfloat16 at v: 2**e
+        q = Fraction(v) / Fraction(2) ** e
+        n = math.floor(q)
+        n += (q - n > Fraction(1, 2)) or (q - n == Fraction(1, 2) and n % 2 == 1)
+        r = math.copysign(float(Fraction(n) * Fraction(2) ** e), v)  # -0.0 stays signed
+        out.append(r if abs(r) <= 3.3895313892515355e38 else math.copysign(math.inf, v))
+    return np.array(out).astype(resolve("bfloat16"))
+
+
+def test_half_conversions_inside_the_kernels_round_once_to_nearest_even():
+    """Protects the in-kernel float16/bfloat16 conversions: loading every 16-bit pattern is
+    exact, and rounding float32 and float64 values (ties, subnormals, overflow, NaN included)
+    to a half dtype gives the correctly rounded bits: NumPy's and ml_dtypes' for float32, and
+    for float64 NumPy's (float16) and exact rational rounding (bfloat16: the kernels go through
+    float32 rounded to odd, which must not round twice, as ml_dtypes' conversion does)."""
+    from numba import njit
+
+    from layernorm.cpu.api import _storage
+    from layernorm.cpu.kernels import _ld, _to
+
+    @njit
+    def convert(src, dst):
+        z = dst.dtype.type(0)
+        for j in range(src.shape[0]):
+            dst[j] = _to(_ld(src[j]), z)
+
+    rng = np.random.default_rng(7)
+    f32 = np.concatenate([
+        rng.standard_normal(20000).astype(np.float32) * np.float32(1e3),
+        np.ldexp(rng.integers(1, 2**12, 5000), rng.integers(-30, 20, 5000)).astype(np.float32),
+        np.array([0.0, -0.0, np.inf, -np.inf, 65520.0, 65519.99, 3.4e38, 1e-8, 2**-25,
+                  3 * 2**-26], np.float32),
+    ])
+    f64 = np.concatenate([f32.astype(np.float64) * (1 + 2.0**-30),
+                          np.float64(1) + np.ldexp(1.0, -np.arange(1, 60)),
+                          np.array([1e300, -1e-300, 2**-24 * (1 + 2**-40)])])
+    for name in [n for n in ("float16", "bfloat16") if n in DTYPES]:
+        dt = resolve(name)
+        bits = np.arange(2**16, dtype=np.uint16).view(dt)  # every pattern
+        wide = np.empty(bits.size, np.float32)
+        convert(_storage(bits), wide)
+        want = bits.astype(np.float32)
+        same = (wide == want) | (np.isnan(wide) & np.isnan(want))
+        assert same.all(), (name, "load", np.flatnonzero(~same)[:5])
+        for src in (f32, f64):
+            got = np.empty(src.size, dt)
+            if name == "bfloat16" and src.dtype == np.float64:
+                want = _bfloat16_exact(src)  # ml_dtypes goes through float32: twice
+            else:
+                with np.errstate(over="ignore"):
+                    want = src.astype(dt)
+            convert(src, _storage(got))
+            assert got.view(np.uint16).tolist() == want.view(np.uint16).tolist(), \
+                (name, src.dtype, np.flatnonzero(got.view(np.uint16) != want.view(np.uint16))[:5])
