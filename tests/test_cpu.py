@@ -152,28 +152,35 @@ def test_non_contiguous_inputs_give_the_contiguous_results(family_inputs, run_no
         _bits(run_norm(cpu, LN, [np.ascontiguousarray(xt), gt, bt], [dyt]))
 
 
-def test_bitwise_deterministic_run_to_run_and_across_alignment(family_inputs, run_norm):
-    """Protects determinism: two runs, and x at another address alignment, give equal bits."""
-    (x, g, b), (dy,) = family_inputs(LN, (300, 1500), "float32")
-    first = _bits(run_norm(cpu, LN, [x, g, b], [dy]))
-    assert _bits(run_norm(cpu, LN, [x, g, b], [dy])) == first
+@pytest.mark.parametrize("name", list(NORMS))
+def test_bitwise_deterministic_run_to_run_and_across_alignment(name, family_inputs, run_norm):
+    """Protects determinism for every norm: two runs, and x at another address alignment, give
+    equal bits."""
+    norm = NORMS[name]
+    args, cot = family_inputs(norm, (300, 1500), "float32")
+    first = _bits(run_norm(cpu, norm, args, cot))
+    assert _bits(run_norm(cpu, norm, args, cot)) == first
+    x = args[0]
     buf = np.empty(x.size + 1, np.float32)
     shifted = buf[1:].reshape(x.shape)  # 4 bytes off the original alignment
     shifted[...] = x
-    assert _bits(run_norm(cpu, LN, [shifted, g, b], [dy])) == first
+    assert _bits(run_norm(cpu, norm, [shifted, *args[1:]], cot)) == first
 
 
-def test_bitwise_identical_across_thread_counts(family_inputs, run_norm):
-    """Protects the fixed chunking: 1 and 2 threads give equal bits (dgamma/dbeta included)."""
+@pytest.mark.parametrize("name", list(NORMS))
+def test_bitwise_identical_across_thread_counts(name, family_inputs, run_norm):
+    """Protects the fixed chunking for every norm: 1 and 2 threads give equal bits
+    (the parameters' gradients included)."""
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 Numba threads")
-    (x, g, b), (dy,) = family_inputs(LN, (300, 520), "float32")
+    norm = NORMS[name]
+    args, cot = family_inputs(norm, (300, 520), "float32")
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        one = _bits(run_norm(cpu, LN, [x, g, b], [dy]))
+        one = _bits(run_norm(cpu, norm, args, cot))
         numba.set_num_threads(2)
-        two = _bits(run_norm(cpu, LN, [x, g, b], [dy]))
+        two = _bits(run_norm(cpu, norm, args, cot))
     finally:
         numba.set_num_threads(before)
     assert one == two
