@@ -135,7 +135,8 @@ def plot_bandwidth(rows: list[dict], path: Path) -> Path:
 
     cases = _cases(rows)
     impls = [i for i in BACKENDS if any(r["impl"] == i for r in rows)]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    # one panel per pass, stacked, so that many cases keep readable labels
+    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 0.75 * len(cases) + 2), 7), sharex=True)
     width = 0.8 / max(1, len(impls))
     for ax, op, goal in zip(axes, ("fwd", "bwd"), (FWD_GOAL, BWD_GOAL), strict=True):
         for k, impl in enumerate(impls):
@@ -146,12 +147,12 @@ def plot_bandwidth(rows: list[dict], path: Path) -> Path:
             cp = _find(rows, c, "copy", "copy")
             ax.hlines([cp["gbps"], goal * cp["gbps"]], i - 0.45, i + 0.45,
                       colors=["black", "gray"], linestyles=["solid", "dashed"])
-        ax.set_xticks(np.arange(len(cases)))
-        ax.set_xticklabels([family_norm(n).title + "\n" + "x".join(map(str, s)) + "\n" + d
-                            for n, s, d in cases], fontsize=8)
         ax.set_title(f"{op}: GB/s on minimal bytes (black: copy, dashed: {goal:.0%} of it)",
                      fontsize=9)
-    axes[0].set_ylabel("GB/s")
+        ax.set_ylabel("GB/s")
+    axes[1].set_xticks(np.arange(len(cases)))
+    axes[1].set_xticklabels([f"{family_norm(n).title} {'x'.join(map(str, s))} {d}"
+                             for n, s, d in cases], fontsize=8, rotation=35, ha="right")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
