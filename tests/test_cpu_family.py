@@ -202,3 +202,46 @@ def test_half_conversions_inside_the_kernels_round_once_to_nearest_even():
             convert(src, _storage(got))
             assert got.view(np.uint16).tolist() == want.view(np.uint16).tolist(), \
                 (name, src.dtype, np.flatnonzero(got.view(np.uint16) != want.view(np.uint16))[:5])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("change", ["negate", "double", "abs", "sign pattern"])
+def test_whole_row_changes_are_caught_too(dtype, change):
+    """Protects the checksum against changes that cancel in a weighted sum of bits: negating
+    a row, scaling it by a power of two, taking |x| (each moves every element's bits by the same
+    high bit or exponent step), and negating [a, -b, -c, d], whose bit changes cancel exactly
+    for weights 1, 3, 5, 7. Each must raise, not return the gradient of another forward."""
+    dt = resolve(dtype)
+    rng = np.random.default_rng(9)
+    x = (np.array([[1.0, -1.0, -1.0, 1.0]]) if change == "sign pattern"
+         else rng.standard_normal((4, 768))).astype(dt)
+    dy = np.ones_like(x)
+    mod = cpu.LayerNorm(x.shape[1])
+    mod(x)
+    if change == "double":
+        x *= 2
+    elif change == "abs":
+        np.abs(x, out=x)
+    else:
+        np.negative(x, out=x)
+    with pytest.raises(ValueError, match="changed between the forward and the backward"):
+        mod.backward(dy)
+
+
+@pytest.mark.parametrize("residual_dtype", ["float32", "float16", "bfloat16"])
+def test_add_norm_backward_computes_in_its_own_dtypes(residual_dtype):
+    """Protects the add-norms' backward dtypes when h is narrower than x (float64): dy is
+    rounded to h's compute dtype as the reference does, so D = 1 gives dx = 0 exactly; and dh is
+    added in the add's dtype (float64 here), so with dy = 0, dx and dresidual are dh exactly."""
+    if residual_dtype not in DTYPES:
+        pytest.skip("needs ml_dtypes")
+    rng = np.random.default_rng(10)
+    x, r = rng.standard_normal((5, 1)), rng.standard_normal((5, 1))
+    _, _, cache = cpu.add_layer_norm_forward(x, r, residual_dtype=residual_dtype)
+    dx, dres, _, _ = cpu.add_layer_norm_backward(rng.standard_normal((5, 1)), None, cache)
+    assert not dx.any() and not dres.any()
+    x, r = rng.standard_normal((8, 64)), rng.standard_normal((8, 64))
+    dh = 1 + 1e-4 * rng.standard_normal((8, 64))
+    _, _, cache = cpu.add_layer_norm_forward(x, r, residual_dtype=residual_dtype)
+    dx, dres, _, _ = cpu.add_layer_norm_backward(np.zeros((8, 64)), dh, cache)
+    assert dx.tobytes() == dh.tobytes() and dres.tobytes() == dh.tobytes()

@@ -53,7 +53,7 @@ class CpuNormCache:
         stats: (M, NSTATS) float64 per row: the mean as HI + LO (0 for RMSNorm), RSTD and SCALE.
         check: (M,) uint64 per row: a checksum of x's bits. The backward recomputes it and
             raises ValueError if x changed in between, rather than differentiate a forward
-            that did not run.
+            that did not run (``out=`` arrays may be partly written by then).
         scale: (D,) gamma (or 1 + gamma) in the compute dtype, a copy taken by the forward
             (ones without gamma): changing gamma afterwards does not change the backward.
         gamma_dtype: dtype of gamma, or None without gamma (then dgamma is None).
@@ -207,22 +207,23 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     if norm.residual:
         dres = _output(out_dresidual, "out_dresidual", cache.x_shape, cache.residual_dtype,
                        (*avoid, dx), _OVERLAP)
-    # dy in x's storage dtype, or else in the compute dtype (one kernel per pairing)
+    # dy as it is where it computes in the norm's compute dtype, else converted to it; dh
+    # likewise in the add's dtype (the widest of x's, residual's and h's compute dtypes), where
+    # the norm's dx and dh are summed
     cdt = cache.scale.dtype
-    dy2 = _storage(_contiguous(dy, dy.dtype if dy.dtype in (cache.x_dtype, cdt) else cdt)[0])
+    dy2 = _storage(_contiguous(dy, dy.dtype if compute_dtype(dy.dtype) == cdt else cdt)[0])
+    adt = _wider(cache.x_dtype, cache.residual_dtype, cdt) if norm.residual else cdt
     if dh is None:
         dh2 = _none(m, cdt)
-    else:  # dh in h's storage dtype, or else in the compute dtype
-        dhc = _contiguous(dh)[0]
-        if _storage(dhc).dtype != cache.x.dtype and dh.dtype != cdt:
-            dhc = dhc.astype(cdt)
-        dh2 = _storage(dhc).reshape(m, d)
+    else:
+        dh2 = _storage(_contiguous(dh, dh.dtype if compute_dtype(dh.dtype) == adt
+                                   else adt)[0]).reshape(m, d)
     dres2 = _none(m, cdt) if dres is None else _storage(dres).reshape(m, d)
     partial = np.empty((kernels.n_chunks(m), 2, d))  # (C, 2, D) float64
     ok = np.empty(m, np.bool_)  # (M,)
-    kernels.backward_kernel(cache.x, dy2.reshape(m, d), dh2, cache.scale, cache.stats,
-                            cache.check, norm.centred, _storage(dx).reshape(m, d), dres2,
-                            partial, ok)
+    kernels.backward_kernel(cache.x, dy2.reshape(m, d), dh2, adt.type(0), cache.scale,
+                            cache.stats, cache.check, norm.centred, _storage(dx).reshape(m, d),
+                            dres2, partial, ok)
     if not ok.all():
         what = "h (the forward's output)" if norm.residual else "x"
         raise ValueError(f"{what} changed between the forward and the backward (row "

@@ -134,6 +134,24 @@ def _bits(typingctx, v):
     return types.uint64(v), codegen
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # odd: j * _GOLDEN differs for every position j < 2**64
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S = np.uint64(33)
+
+
+@njit(inline="always", cache=True)
+def _mix(v, j):
+    """A 64-bit hash of element ``v`` at position ``j`` (MurmurHash3's finaliser of its bits
+    plus j * _GOLDEN): every input bit reaches every output bit, so no pattern of changes
+    (signs flipped, a power-of-two scaling, a swap) cancels in a sum of hashes except by a
+    2**-64 chance."""
+    k = _bits(v) + np.uint64(j) * _GOLDEN
+    k = (k ^ (k >> _S)) * _M1
+    k = (k ^ (k >> _S)) * _M2
+    return k ^ (k >> _S)
+
+
 @intrinsic
 def _prefetch(typingctx, arr, idx):
     """Prefetch the cache line holding ``arr[idx]`` (a hint: never faults)."""
@@ -188,8 +206,7 @@ def _sum(row, z):
 def _sum_centred(row, m0, z):
     """(sum_j d_j, sum_j d_j^2, checksum) with d = row - m0 in T (row: (D,) storage; m0, z: T).
 
-    The checksum is sum_j bits(row_j) * (2j + 1) mod 2**64: any change of one element changes
-    it (2j + 1 is odd, so invertible mod 2**64).
+    The checksum is sum_j _mix(row_j, j) mod 2**64.
     """
     s1 = 0.0
     s2 = 0.0
@@ -198,12 +215,11 @@ def _sum_centred(row, m0, z):
         blk = row[j0:j0 + BLOCK]  # (<= BLOCK,)
         b1 = z
         b2 = z
-        w0 = np.uint64(2 * j0 + 1)
         for j in range(blk.shape[0]):
             d = _ld(blk[j]) - m0
             b1 += d
             b2 += d * d
-            ck += _bits(blk[j]) * (w0 + np.uint64(2 * j))
+            ck += _mix(blk[j], j0 + j)
         s1 += b1
         s2 += b2
     return s1, s2, ck
@@ -221,12 +237,11 @@ def _sum_grad(xr, dyr, scale, hi, z):
         gb = scale[j0:j0 + BLOCK]
         b1 = z
         b2 = z
-        w0 = np.uint64(2 * j0 + 1)
         for j in range(xb.shape[0]):
             u = _ld(db[j]) * gb[j]
             b1 += u
             b2 += u * (_ld(xb[j]) - hi)
-            ck += _bits(xb[j]) * (w0 + np.uint64(2 * j))
+            ck += _mix(xb[j], j0 + j)
         s1 += b1
         s2 += b2
     return s1, s2, ck
@@ -377,13 +392,14 @@ def _dx(x, dy, g, hi, lo, rc, mg, mgx):
 
 
 @njit(cache=True)
-def _write_dx(xr, dyr, dhr, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, ndy):
+def _write_dx(xr, dyr, dhr, zp, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, ndy):
     """dx = rstd * ((u - mean_g) - xhat * mean_gxhat) [+ dh]; pg += dy * xhat; pb += dy.
 
     xr, dyr, scale, dxr: (D,); for an add-norm drr (D,) receives dx too and dhr is (D,) or
-    (0,) without dh; for a plain norm both are (0,). pg, pb: (D,) float64 (the products
-    dy * xhat rounded to T first, as in the reference). Prefetches the next row's x and dy
-    (``nx``, ``ndy``). The three cases are three loops, so that each vectorises.
+    (0,) without dh, added in the type of ``zp``; for a plain norm both are (0,). pg, pb:
+    (D,) float64 (the products dy * xhat rounded to T first, as in the reference). Prefetches
+    the next row's x and dy (``nx``, ``ndy``). The three cases are three loops, so that each
+    vectorises.
     """
     D = xr.shape[0]
     xz = dxr.dtype.type(0)
@@ -408,9 +424,9 @@ def _write_dx(xr, dyr, dhr, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, nd
         elif with_dh:
             for j in range(xb.shape[0]):
                 v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
-                v += _ld(hb[j])
-                ob[j] = _to(v, xz)
-                rb[j] = _to(v, rz)
+                t = _to(v, zp) + _to(_ld(hb[j]), zp)
+                ob[j] = _to(t, xz)
+                rb[j] = _to(t, rz)
                 pgb[j] += dy * xhat
                 pbb[j] += dy
         else:
@@ -425,7 +441,7 @@ def _write_dx(xr, dyr, dhr, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, nd
 
 
 @njit(cache=True)
-def _write_dx_tile(xt, dyt, dht, scale, st, dxt, drt, pg, pb):
+def _write_dx_tile(xt, dyt, dht, zp, scale, st, dxt, drt, pg, pb):
     """dx for TILE rows at once, and their dgamma/dbeta terms added to pg, pb row by row.
 
     xt, dyt, dxt: (TILE, D); dht, drt: as for _write_dx, (TILE, D) or (TILE, 0), drt of dxt's
@@ -470,10 +486,10 @@ def _write_dx_tile(xt, dyt, dht, scale, st, dxt, drt, pg, pb):
                 v1, d1, x1 = _dx(a1[j], b1[j], g, h1, l1, r1, g1, q1)
                 v2, d2, x2 = _dx(a2[j], b2[j], g, h2, l2, r2, g2, q2)
                 v3, d3, x3 = _dx(a3[j], b3[j], g, h3, l3, r3, g3, q3)
-                c0[j] = _to(v0 + _ld(e0[j]), xz)
-                c1[j] = _to(v1 + _ld(e1[j]), xz)
-                c2[j] = _to(v2 + _ld(e2[j]), xz)
-                c3[j] = _to(v3 + _ld(e3[j]), xz)
+                c0[j] = _to(_to(v0, zp) + _to(_ld(e0[j]), zp), xz)
+                c1[j] = _to(_to(v1, zp) + _to(_ld(e1[j]), zp), xz)
+                c2[j] = _to(_to(v2, zp) + _to(_ld(e2[j]), zp), xz)
+                c3[j] = _to(_to(v3, zp) + _to(_ld(e3[j]), zp), xz)
                 pgb[j] = (((pgb[j] + d0 * x0) + d1 * x1) + d2 * x2) + d3 * x3
                 pbb[j] = (((pbb[j] + d0) + d1) + d2) + d3
         else:
@@ -535,7 +551,7 @@ def _backward_row_f64(xr, dyr, dhr, scale, st, centred, dxr, drr, pg, pb):
 
 
 @njit(cache=True)
-def _backward_row(x, dy, dh, scale, stats, check, centred, dx, dres, pg, pb, i):
+def _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx, dres, pg, pb, i):
     """Row i of the backward alone: dx[i] (and dres[i]), its terms added to pg, pb.
 
     Returns False when x[i] no longer matches the forward's checksum (nothing written then).
@@ -554,7 +570,7 @@ def _backward_row(x, dy, dh, scale, stats, check, centred, dx, dres, pg, pb, i):
         r = st[RSTD]
         mg = _to(su / D, z) if centred else z
         nxt = min(i + 1, M - 1)
-        _write_dx(x[i], dy[i], dhr, scale, hi, lo, _to(r, z), mg,
+        _write_dx(x[i], dy[i], dhr, zp, scale, hi, lo, _to(r, z), mg,
                   _to(r * (sut - lo * su) / D, z), dx[i], drr, pg, pb, x[nxt], dy[nxt])
         return True
     _backward_row_f64(x[i], dy[i], dhr, scale, st, centred, dx[i], drr, pg, pb)
@@ -562,12 +578,13 @@ def _backward_row(x, dy, dh, scale, stats, check, centred, dx, dres, pg, pb, i):
 
 
 @njit(parallel=True, cache=True)
-def backward_kernel(x, dy, dh, scale, stats, check, centred, dx, dres, partial, ok):
+def backward_kernel(x, dy, dh, zp, scale, stats, check, centred, dx, dres, partial, ok):
     """Fill dx (M, D), dres (M, D) for an add-norm, and partial (C, 2, D) float64 with each
     chunk's (dgamma, dbeta) partial sums; ok (M,) bool says whether each row's x matched
     the forward's checksum.
 
-    x, dy: (M, D) storage; dh: (M, D), or (M, 0) without dh; dres: (M, D) for an add-norm,
+    x, dy: (M, D) storage; dh: (M, D), or (M, 0) without dh, added to the norm's dx in the
+    type of ``zp``; dres: (M, D) for an add-norm,
     else (M, 0); scale: (D,) T; stats: (M, NSTATS) float64; check: (M,) uint64.
     Rows go TILE at a time (the chunk's last M % TILE rows, a tile holding a scaled or changed
     row or a row whose T sums are not finite, and add-norms whose dx and dresidual differ in
@@ -601,17 +618,18 @@ def backward_kernel(x, dy, dh, scale, stats, check, centred, dx, dres, partial, 
                 st[k, 3] = _to(su / D, z) if centred else z
                 st[k, 4] = _to(r * (sut - lo * su) / D, z)
             if fast:
-                _write_dx_tile(x[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], scale, st,
+                _write_dx_tile(x[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], zp, scale, st,
                                dx[i:i + TILE], dres[i:i + TILE], pg, pb)
                 for k in range(TILE):
                     ok[i + k] = True
             else:
                 for k in range(TILE):
-                    ok[i + k] = _backward_row(x, dy, dh, scale, stats, check, centred, dx,
+                    ok[i + k] = _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx,
                                               dres, pg, pb, i + k)
             i += TILE
         for k in range(i, end):
-            ok[k] = _backward_row(x, dy, dh, scale, stats, check, centred, dx, dres, pg, pb, k)
+            ok[k] = _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx, dres, pg,
+                                  pb, k)
 
 
 @njit(parallel=True, cache=True)
