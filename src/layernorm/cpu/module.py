@@ -68,6 +68,9 @@ class _Fused:
             self.dbeta = grads[1]
         return dx
 
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, fused CPU)"
+
 
 class LayerNorm(_Fused, reference.LayerNorm):
     """:class:`layernorm.LayerNorm` on the fused kernels (``reuse_buffers``: module docstring).
@@ -82,9 +85,6 @@ class LayerNorm(_Fused, reference.LayerNorm):
         super().__init__(D, eps, zero_centered_gamma=zero_centered_gamma)
         self._setup(reuse_buffers)
 
-    def __repr__(self) -> str:
-        return f"{super().__repr__()[:-1]}, fused CPU)"
-
 
 class RMSNorm(_Fused, reference.RMSNorm):
     """:class:`layernorm.RMSNorm` on the fused kernels (``reuse_buffers``: module docstring).
@@ -98,6 +98,3 @@ class RMSNorm(_Fused, reference.RMSNorm):
                  reuse_buffers: bool = False) -> None:
         super().__init__(D, eps, zero_centered_gamma=zero_centered_gamma)
         self._setup(reuse_buffers)
-
-    def __repr__(self) -> str:
-        return f"{super().__repr__()[:-1]}, fused CPU)"
