@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DTYPES", "DType", "NAMES", "available", "compute_dtype", "info", "is_half", "resolve"]
+__all__ = ["DTYPES", "DType", "NAMES", "available", "compute_dtype", "info", "is_half", "resolve",
+           "widest_compute_dtype"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The NumPy dtype statistics and arithmetic use for inputs of ``dtype``."""
     d = DTYPES.get(np.dtype(dtype).name)
     return np.dtype(dtype) if d is None else np.dtype(d.compute)
+
+
+def widest_compute_dtype(*dtypes: np.dtype) -> np.dtype:
+    """The widest of the compute dtypes of ``dtypes`` (where an add-norm forms x + residual)."""
+    return max((compute_dtype(d) for d in dtypes), key=lambda d: d.itemsize)
 
 
 def resolve(name: str) -> np.dtype:

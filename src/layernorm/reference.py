@@ -83,7 +83,7 @@ from ._validate import (
     check_shape,
     check_x,
 )
-from .dtypes import compute_dtype
+from .dtypes import compute_dtype, widest_compute_dtype
 
 __all__ = [
     "AddNormCache",
@@ -198,6 +198,15 @@ def _normalize(x2: np.ndarray, cdt: np.dtype, eps: float,
     return xc, rstd
 
 
+def form_scale(gamma: np.ndarray, cdt: np.dtype, zero_centered_gamma: bool) -> np.ndarray:
+    """The scale, a new (D,) array in the compute dtype ``cdt``: a copy of gamma, or 1 + gamma
+    formed in cdt, never rounded to a half dtype first. Every backend's cache keeps this copy,
+    so the backward differentiates the forward that ran."""
+    if zero_centered_gamma:
+        return gamma.astype(cdt) + cdt.type(1)
+    return np.array(gamma, dtype=cdt)
+
+
 def _forward(x: np.ndarray, gamma: object, beta: object, eps: object, centred: bool,
              zero_centered_gamma: object) -> tuple[np.ndarray, NormCache]:
     """y (M, D) in the compute dtype of x and the cache; x is checked, the rest is checked here."""
@@ -209,12 +218,7 @@ def _forward(x: np.ndarray, gamma: object, beta: object, eps: object, centred: b
     eps = check_eps(eps, cdt)
 
     xhat, rstd = _normalize(x.reshape(-1, d), cdt, eps, centred)  # (M, D), (M,)
-    if gamma is None:
-        scale = None
-    elif zero_centered_gamma:
-        scale = gamma.astype(cdt) + cdt.type(1)  # (D,) in cdt: 1 + gamma never rounded to half
-    else:
-        scale = np.array(gamma, dtype=cdt)  # (D,) a copy, always
+    scale = None if gamma is None else form_scale(gamma, cdt, zero_centered_gamma)  # (D,)
     y = xhat.copy() if scale is None else xhat * scale  # (M, D): y must not alias the cache
     if beta is not None:
         y += beta.astype(cdt, copy=False)
@@ -363,11 +367,6 @@ def rms_norm_backward(dy: np.ndarray, cache: NormCache) -> tuple[np.ndarray, np.
     return dx.reshape(cache.x_shape), dgamma
 
 
-def _add_dtype(*dtypes: np.dtype) -> np.dtype:
-    """The compute dtype wide enough for all of ``dtypes``: float64 if any is, else float32."""
-    return max((compute_dtype(d) for d in dtypes), key=lambda d: d.itemsize)
-
-
 def _add_forward(x: object, residual: object, gamma: object, beta: object, eps: object,
                  residual_dtype: object, zero_centered_gamma: object, centred: bool
                  ) -> tuple[np.ndarray, np.ndarray, AddNormCache]:
@@ -375,7 +374,7 @@ def _add_forward(x: object, residual: object, gamma: object, beta: object, eps: 
     x = check_x(x)
     residual = check_shape(residual, "residual", x.shape, "x")
     h_dtype = check_dtype(residual_dtype, "residual_dtype", x.dtype)
-    adt = _add_dtype(x.dtype, residual.dtype, h_dtype)
+    adt = widest_compute_dtype(x.dtype, residual.dtype, h_dtype)
     # one rounding to h's dtype (none when it is the add's compute dtype)
     h = np.add(x, residual, dtype=adt).astype(h_dtype, copy=False)  # (..., D)
     y, norm = _forward(h, gamma, beta, eps, centred, zero_centered_gamma)
@@ -391,7 +390,7 @@ def _add_backward(dy: object, dh: object, cache: object, centred: bool, producer
         dh = check_shape(dh, "dh", cache.x_shape, "the forward's h")
     norm = cache.norm
     # the norm's dx in the add's compute dtype, exactly: it is as wide as h's
-    adt = _add_dtype(cache.dx_dtype, cache.dresidual_dtype, norm.x_dtype)
+    adt = widest_compute_dtype(cache.dx_dtype, cache.dresidual_dtype, norm.x_dtype)
     total, dgamma, dbeta = _backward(dy, norm, adt)  # (M, D)
     if dh is not None:
         total += dh.reshape(total.shape)  # in the add's compute dtype; dh is not written

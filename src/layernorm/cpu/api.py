@@ -24,8 +24,9 @@ from .._validate import (
     check_x,
     region,
 )
-from ..dtypes import compute_dtype
+from ..dtypes import compute_dtype, widest_compute_dtype
 from ..family import NORMS, Norm
+from ..reference import form_scale
 from . import kernels
 from .kernels import HI, LO, NSTATS, RSTD, SCALE
 
@@ -120,11 +121,6 @@ def _none(m: int, dtype: np.dtype) -> np.ndarray:
     return np.empty((m, 0), dtype)
 
 
-def _wider(*dtypes: np.dtype) -> np.dtype:
-    """The widest of the compute dtypes of ``dtypes``."""
-    return max((compute_dtype(d) for d in dtypes), key=lambda d: d.itemsize)
-
-
 def _output(out: object, name: str, shape: tuple[int, ...], dtype: np.dtype,
             callers: tuple[object, ...], why: str) -> np.ndarray:
     """``out`` checked, or a fresh array, of ``shape`` and ``dtype``."""
@@ -157,19 +153,14 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
     xc, copied = _contiguous(x)
     m = xc.size // d
     x2 = _storage(xc).reshape(m, d)  # (M, D)
-    if gamma is None:
-        scale = np.ones(d, cdt)  # (D,)
-    elif zero_centered_gamma:
-        scale = gamma.astype(cdt) + cdt.type(1)  # (D,) 1 + gamma, never rounded to half
-    else:
-        scale = np.array(gamma, dtype=cdt)  # (D,) a copy: the backward differentiates this
+    scale = np.ones(d, cdt) if gamma is None else form_scale(gamma, cdt, zero_centered_gamma)
     beta_c = np.zeros(d, cdt) if beta is None else _contiguous(beta, cdt)[0]  # (D,)
     h = None
     if norm.residual:
         h = _output(out_h, "out_h", x.shape, h_dtype, (*callers, y), _OVERLAP)
         r2 = _storage(_contiguous(residual)[0]).reshape(m, d)  # (M, D)
         h2 = _storage(h).reshape(m, d)  # (M, D)
-        zp = _wider(x.dtype, residual.dtype, h_dtype).type(0)
+        zp = widest_compute_dtype(x.dtype, residual.dtype, h_dtype).type(0)
     else:
         r2 = h2 = _none(m, x2.dtype)
         zp = cdt.type(0)
@@ -212,7 +203,7 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     # the norm's dx and dh are summed
     cdt = cache.scale.dtype
     dy2 = _storage(_contiguous(dy, dy.dtype if compute_dtype(dy.dtype) == cdt else cdt)[0])
-    adt = _wider(cache.x_dtype, cache.residual_dtype, cdt) if norm.residual else cdt
+    adt = widest_compute_dtype(cache.x_dtype, cache.residual_dtype, cdt) if norm.residual else cdt
     if dh is None:
         dh2 = _none(m, cdt)
     else:

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import reference
 from .._validate import as_float_array, check_x, overlaps
+from ..family import NORMS
 from .api import _BACKWARD, _FORWARD
 
 __all__ = ["LayerNorm", "RMSNorm"]
@@ -42,7 +43,7 @@ class _Fused:
         return buf
 
     def _params(self) -> tuple[np.ndarray, ...]:
-        return (self.gamma, self.beta) if self.norm == "layer_norm" else (self.gamma,)
+        return (self.gamma, self.beta) if NORMS[self.norm].centred else (self.gamma,)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """y for x of shape (..., D); keeps the cache for :meth:`backward`."""
@@ -64,7 +65,7 @@ class _Fused:
         out = self._buffer("dx", cache.x_shape, cache.x_dtype, (dy, cache.x, *cache.inputs))
         dx, *grads = _BACKWARD[self.norm](dy, cache, out=out)
         self.dgamma = grads[0]
-        if self.norm == "layer_norm":
+        if NORMS[self.norm].centred:
             self.dbeta = grads[1]
         return dx
 
