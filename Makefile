@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[dev,fast,gpu]"
+	$(BIN)/pip install -q -e ".[dev,fast,gpu,torch]"
 	touch $(STAMP)
 
 report: $(STAMP)
