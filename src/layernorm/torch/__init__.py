@@ -1,0 +1,39 @@
+"""The PyTorch API: the family of norms on CPU and CUDA tensors, with autograd.
+
+    import layernorm.torch as lt
+    y = lt.layer_norm(x, (D,), weight, bias)             # as torch.nn.functional.layer_norm
+    y = lt.rms_norm(x, (D,), weight)                     # as torch.nn.functional.rms_norm
+    y, h = lt.add_layer_norm(x, residual, (D,), weight, bias)   # h = x + residual, y = LN(h)
+    y, h = lt.add_rms_norm(x, residual, (D,), weight)
+    lt.LayerNorm(D), lt.RMSNorm(D)                       # subclasses of torch's modules
+    lt.replace_norms(model)                              # swap a model's norms in place
+
+CPU tensors run the fused Numba kernels on the tensors' own memory; CUDA tensors run the
+Triton kernels. float16, bfloat16, float32 and float64 on both. Each function is a
+``torch.library`` custom op with a fake implementation (``torch.compile(fullgraph=True)``),
+autograd (double backward included) and torch's autocast rule. docs/torch.md has the details.
+Needs the extra ``torch`` (torch and numba; triton for CUDA).
+"""
+
+from __future__ import annotations
+
+try:
+    import numba as _numba  # noqa: F401
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        f"layernorm.torch needs torch and numba ({exc.name} is not installed): install the "
+        "package's `torch` extra"
+    ) from exc
+
+from ._functional import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from ._modules import LayerNorm, RMSNorm
+
+__all__ = [
+    "LayerNorm",
+    "RMSNorm",
+    "add_layer_norm",
+    "add_rms_norm",
+    "layer_norm",
+    "rms_norm",
+]

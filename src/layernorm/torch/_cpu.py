@@ -1,0 +1,127 @@
+"""The fused Numba kernels (:mod:`layernorm.cpu.kernels`) on CPU tensors, in place.
+
+A contiguous tensor is handed to the kernels as a NumPy view of its own memory (float16 and
+bfloat16 as their bits, which is how the kernels take half dtypes), and the outputs are fresh
+tensors the kernels write through the same kind of view: no copies of x, residual, dy or dh
+when they are contiguous. The statistics are the CPU kernels' own: ``stats`` (M, NSTATS)
+float64 per row and ``check`` (M,) int64, a checksum of each normalized row's bits that the
+backward recomputes (a second guard behind autograd's version counters).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..cpu import kernels
+from ..cpu.kernels import NSTATS
+
+__all__ = ["backward", "forward", "stats_shapes"]
+
+_BITS = {torch.float16: np.uint16, torch.bfloat16: np.int16}
+
+
+def _np(t: Tensor) -> np.ndarray:
+    """A NumPy view of contiguous ``t``'s memory as the kernels store it (halves as bits)."""
+    bits = _BITS.get(t.dtype)
+    if bits is None:
+        return t.detach().numpy()
+    return t.detach().view(torch.int16).numpy().view(bits)
+
+
+def _compute(*dtypes: torch.dtype) -> torch.dtype:
+    """float64 if any of ``dtypes`` is float64, else float32: where the kernels compute."""
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def _scalar(dtype: torch.dtype) -> np.generic:
+    """A NumPy zero of ``dtype`` (a compute dtype): tells the kernels where to add."""
+    return np.float64(0) if dtype == torch.float64 else np.float32(0)
+
+
+def _scale(weight: Tensor | None, d: int, cdt: torch.dtype, zero_centered_gamma: bool) -> Tensor:
+    """(D,) the scale in the compute dtype: weight, 1 + weight, or ones; always a new tensor."""
+    if weight is None:
+        return torch.ones(d, dtype=cdt)
+    scale = weight.detach().to(cdt, copy=True)
+    return scale.add_(1) if zero_centered_gamma else scale
+
+
+def stats_shapes(m: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the two statistics tensors of ``m`` rows: stats (float64), check (int64)."""
+    return (m, NSTATS), (m,)
+
+
+def forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None,
+            eps: float, centred: bool, zero_centered_gamma: bool, h_dtype: torch.dtype,
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """y (M, D) in x's dtype, h (M, D) in ``h_dtype`` (an empty (0,) without residual), stats
+    (M, NSTATS) float64 and check (M,) int64; x and residual (M, D) any float dtypes."""
+    m, d = x.shape
+    x = x.contiguous()
+    cdt = _compute(h_dtype if residual is not None else x.dtype)
+    y = torch.empty((m, d), dtype=x.dtype)
+    stats = torch.empty(stats_shapes(m)[0], dtype=torch.float64)
+    check = torch.empty(stats_shapes(m)[1], dtype=torch.int64)
+    scale = _scale(weight, d, cdt, zero_centered_gamma)
+    shift = torch.zeros(d, dtype=cdt) if bias is None else bias.detach().to(cdt).contiguous()
+    if residual is not None:
+        residual = residual.contiguous()
+        h = torch.empty((m, d), dtype=h_dtype)
+        r2, h2 = _np(residual), _np(h)
+        zp = _scalar(_compute(x.dtype, residual.dtype, h_dtype))
+    else:
+        h = x.new_empty((0,))
+        r2 = h2 = np.empty((m, 0), _np(x).dtype)
+        zp = _scalar(cdt)
+    if m:
+        kernels.forward_kernel(_np(x), r2, zp, _np(scale), _np(shift), eps, centred, _np(y), h2,
+                               _np(stats), _np(check).view(np.uint64))
+    return y, h, stats, check
+
+
+def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
+             bias: Tensor | None, stats: Tensor, check: Tensor, centred: bool,
+             zero_centered_gamma: bool, x_dtype: torch.dtype | None,
+             residual_dtype: torch.dtype | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dx, dresidual (an empty (0,) for a plain norm), dweight, dbias (empty without them).
+
+    xn is what the forward normalized: x, or h for an add-norm (``residual_dtype`` given); dx
+    comes back in ``x_dtype`` (xn's dtype when None), dresidual in ``residual_dtype``.
+    """
+    m, d = xn.shape
+    xn = xn.contiguous()
+    cdt = _compute(xn.dtype)
+    scale = _scale(weight, d, cdt, zero_centered_gamma)
+    dy = dy.contiguous() if _compute(dy.dtype) == cdt else dy.to(cdt).contiguous()
+    dx = torch.empty((m, d), dtype=xn.dtype if x_dtype is None else x_dtype)
+    if residual_dtype is not None:
+        adt = _compute(dx.dtype, residual_dtype, cdt)  # where dh and the norm's dx are summed
+        dres = torch.empty((m, d), dtype=residual_dtype)
+        dres2 = _np(dres)
+        if dh is not None:
+            dh = dh.contiguous() if _compute(dh.dtype) == adt else dh.to(adt).contiguous()
+    else:
+        adt = cdt
+        dres = xn.new_empty((0,))
+        dres2 = np.empty((m, 0), _np(scale).dtype)
+    dh2 = np.empty((m, 0), _np(scale).dtype) if dh is None else _np(dh)
+    partial = np.empty((kernels.n_chunks(m), 2, d))  # (C, 2, D) float64
+    ok = np.empty(m, np.bool_)
+    if m:
+        kernels.backward_kernel(_np(xn), _np(dy), dh2, _scalar(adt), _np(scale), _np(stats),
+                                _np(check).view(np.uint64), centred, _np(dx), dres2, partial, ok)
+    if not ok.all():
+        raise ValueError(
+            f"the normalized input changed between the forward and the backward (row "
+            f"{int(np.argmin(ok))} first): the backward would differentiate a forward that "
+            f"did not run"
+        )
+    sums = np.zeros((2, d))  # (2, D) float64: dweight, dbias
+    if m:
+        kernels.reduce_chunks(partial, sums)
+    sums_t = torch.from_numpy(sums)
+    dw = xn.new_empty((0,)) if weight is None else sums_t[0].to(weight.dtype, copy=True)
+    db = xn.new_empty((0,)) if bias is None else sums_t[1].to(bias.dtype, copy=True)
+    return dx, dres, dw, db

@@ -1,0 +1,223 @@
+"""The four functions of the PyTorch API: arguments checked and flattened once, then one op.
+
+Signatures and semantics follow ``torch.nn.functional.layer_norm`` and ``rms_norm``: the norm
+runs over the trailing ``normalized_shape`` axes (flattened to D), ``eps=None`` for RMSNorm
+means ``torch.finfo(dtype).eps`` of the normalized tensor's dtype, and eps = 0 is allowed.
+Bad arguments raise ``TypeError`` (wrong kind) or ``ValueError`` (wrong value) naming the
+argument.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ._ops import fwd
+
+__all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "rms_norm"]
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOAT_NAMES = "float16, bfloat16, float32 or float64"
+
+# Autocast: torch runs layer_norm in float32 under CUDA autocast (its output is float32) and
+# leaves rms_norm, and both norms on the CPU, in the input's dtype. (device type, centred) ->
+# the dtype the norm's inputs are cast to under autocast; absent: no cast.
+AUTOCAST = {("cuda", True): torch.float32}
+
+
+def _check_tensor(t: object, name: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOATS:
+        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {t.dtype}")
+    return t
+
+
+def _check_device(x: Tensor, name: str) -> None:
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be on a CPU or CUDA device, got {x.device}")
+
+
+def _normalized_shape(normalized_shape: object, x: Tensor, name: str) -> tuple[int, ...]:
+    scalar = isinstance(normalized_shape, numbers.Integral) and not isinstance(
+        normalized_shape, bool)
+    dims = (normalized_shape,) if scalar else normalized_shape
+    if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence) or not all(
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in dims
+    ):
+        raise TypeError(
+            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    shape = tuple(int(d) for d in dims)
+    if not shape or min(shape) < 1:
+        raise ValueError(
+            f"normalized_shape must be non-empty with every size >= 1, got {shape}")
+    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
+        raise ValueError(
+            f"normalized_shape {shape} must equal the trailing axes of {name}, got {name} of "
+            f"shape {tuple(x.shape)}")
+    return shape
+
+
+def _check_param(p: object, name: str, shape: tuple[int, ...], x: Tensor) -> Tensor | None:
+    """``p`` flattened to (D,), or None."""
+    if p is None:
+        return None
+    p = _check_tensor(p, name)
+    if tuple(p.shape) != shape:
+        raise ValueError(f"{name} must have shape normalized_shape = {shape}, got "
+                         f"{tuple(p.shape)}")
+    if p.device != x.device:
+        raise ValueError(f"{name} must be on the input's device {x.device}, got {p.device}")
+    return p.reshape(-1)
+
+
+def _check_eps(eps: object, dtype: torch.dtype) -> float:
+    if eps is None:
+        return float(torch.finfo(dtype).eps)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
+    value = float(eps)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"eps must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def _check_flag(flag: object, name: str) -> bool:
+    if not isinstance(flag, bool):
+        raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    return flag
+
+
+def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
+          weight: object, bias: object, eps: object, zero_centered_gamma: object,
+          residual_dtype: object, x_name: str) -> tuple[Tensor, Tensor | None]:
+    """(y, h) of the family member (centred, residual given), h None for a plain norm."""
+    x = _check_tensor(x, x_name)
+    _check_device(x, x_name)
+    shape = _normalized_shape(normalized_shape, x, x_name)
+    add = residual is not None
+    h_dtype = None
+    if add:
+        residual = _check_tensor(residual, "residual")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got "
+                             f"{tuple(residual.shape)}")
+        if residual.device != x.device:
+            raise ValueError(f"residual must be on x's device {x.device}, got "
+                             f"{residual.device}")
+        if residual_dtype is not None and residual_dtype not in FLOATS:
+            raise TypeError(f"residual_dtype must be None or one of torch.{_FLOAT_NAMES}, got "
+                            f"{residual_dtype!r}")
+        h_dtype = x.dtype if residual_dtype is None else residual_dtype
+    weight = _check_param(weight, "weight", shape, x)
+    bias = _check_param(bias, "bias", shape, x)
+    eps = _check_eps(eps, h_dtype or x.dtype)
+    zero_centered_gamma = _check_flag(zero_centered_gamma, "zero_centered_gamma")
+
+    cast = AUTOCAST.get((x.device.type, centred))
+    if cast is not None and torch.is_autocast_enabled(x.device.type):
+        x, weight, bias = (None if t is None else t.to(cast) for t in (x, weight, bias))
+
+    d = math.prod(shape)
+    x2 = x.reshape(-1, d)  # (M, D): a view when the strides allow it
+    r2 = residual.reshape(-1, d) if add else None
+    y, h, _s0, _s1 = fwd(x2, r2, weight, bias, eps, centred, zero_centered_gamma, h_dtype)
+    return y.view(x.shape), h.view(x.shape) if add else None
+
+
+def layer_norm(
+    input: Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    zero_centered_gamma: bool = False,
+) -> Tensor:
+    """Layer norm over the trailing ``normalized_shape`` axes: ``F.layer_norm``, fused.
+
+    Args:
+        input: (..., *normalized_shape) float16, bfloat16, float32 or float64, on the CPU
+            (Numba kernels) or a CUDA device (Triton kernels).
+        normalized_shape: the trailing shape normalized over, flattened to D = prod(shape).
+        weight, bias: normalized_shape-shaped scale and shift, or None, any float dtype; their
+            gradients come back in their own dtype.
+        eps: a finite number >= 0 added to the variance.
+        zero_centered_gamma: the scale is 1 + weight (formed in the compute dtype).
+
+    Returns:
+        y with input's shape and dtype (float32 under CUDA autocast, as torch's layer_norm).
+    """
+    return _norm(True, input, None, normalized_shape, weight, bias, eps, zero_centered_gamma,
+                 None, "input")[0]
+
+
+def rms_norm(
+    input: Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    eps: float | None = None,
+    *,
+    zero_centered_gamma: bool = False,
+) -> Tensor:
+    """RMS norm over the trailing ``normalized_shape`` axes: ``F.rms_norm``, fused.
+
+    y = scale·x/sqrt(mean(x²) + eps); eps None means ``torch.finfo(input.dtype).eps``. Other
+    arguments and the result as for :func:`layer_norm`, without bias (and input's dtype under
+    autocast, as torch's rms_norm).
+    """
+    return _norm(False, input, None, normalized_shape, weight, None, eps, zero_centered_gamma,
+                 None, "input")[0]
+
+
+def add_layer_norm(
+    x: Tensor,
+    residual: Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    residual_dtype: torch.dtype | None = None,
+    zero_centered_gamma: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The residual add and the layer norm of its result, fused: h = x + residual, y = LN(h).
+
+    Args:
+        x: a sublayer's output (..., *normalized_shape), any float dtype.
+        residual: the residual stream, x's shape, any float dtype.
+        residual_dtype: h's dtype (default x's dtype); float32 keeps the residual stream in
+            float32 with bfloat16 activations. h is x + residual formed in the widest compute
+            dtype of x, residual and h, rounded once; the norm is of h as rounded.
+        normalized_shape, weight, bias, eps, zero_centered_gamma: as for :func:`layer_norm`.
+
+    Returns:
+        y (x's shape and dtype) and h (x's shape, residual_dtype): the next block's residual.
+        Gradients reach x and residual as dh + the norm's gradient.
+    """
+    y, h = _norm(True, x, residual, normalized_shape, weight, bias, eps, zero_centered_gamma,
+                 residual_dtype, "x")
+    return y, h
+
+
+def add_rms_norm(
+    x: Tensor,
+    residual: Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    eps: float | None = None,
+    *,
+    residual_dtype: torch.dtype | None = None,
+    zero_centered_gamma: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The residual add and the RMS norm of its result, fused: h = x + residual, y = RMS(h).
+
+    As :func:`add_layer_norm` without bias; eps None means ``torch.finfo(h.dtype).eps``.
+    """
+    y, h = _norm(False, x, residual, normalized_shape, weight, None, eps, zero_centered_gamma,
+                 residual_dtype, "x")
+    return y, h
