@@ -10,6 +10,8 @@ run a module's forward and backward, to compute the float64 oracle, and to compa
                    residual_dtype=None) -> Oracle: the same results in float64
     assert_results_close(got, want, dtype, *, scales=None, floor=0.0, what="")
         -> every result of ``got`` against ``want`` through the tolerance table
+    run_torch(norm, args, cot, *, device="cpu", **kw) -> {name: array}: the same results
+           from :mod:`layernorm.torch` and autograd, on tensors of the inputs' dtypes
 
 ``norm`` is a :class:`layernorm.family.Norm` (``NORMS[name]``). The fixtures are session-scoped,
 so Hypothesis properties may use them too.
@@ -70,6 +72,52 @@ def run(module: object, norm: Norm, args: list, cot: list, **kw: object
     *outs, cache = getattr(module, f"{norm.name}_forward")(*args, **kw)
     grads = getattr(module, f"{norm.name}_backward")(*cot, cache)
     return dict(zip(names(norm), (*outs, *grads), strict=True))
+
+
+def to_torch(a: np.ndarray | None, device: str = "cpu", grad: bool = False):
+    """``a`` as a tensor of the same dtype (bfloat16 through float32, exactly), or None."""
+    import torch
+
+    if a is None:
+        return None
+    bf16 = a.dtype.name == "bfloat16"
+    t = torch.from_numpy(np.array(a, np.float32 if bf16 else a.dtype))
+    t = t.to(device, torch.bfloat16 if bf16 else t.dtype)
+    return t.requires_grad_() if grad else t
+
+
+def from_torch(t) -> np.ndarray | None:
+    """A tensor as a NumPy array of the same dtype (bfloat16 through float32, exactly)."""
+    import torch
+
+    if t is None:
+        return None
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy().astype(resolve("bfloat16"))
+    return t.numpy()
+
+
+def run_torch(norm: Norm, args: list, cot: list, *, device: str = "cpu", **kw: object
+              ) -> dict[str, np.ndarray | None]:
+    """:func:`run` through :mod:`layernorm.torch`: ``norm``'s function on tensors made of
+    ``args`` (None parameters stay None), its autograd gradients for ``cot``; ``kw`` goes to
+    the function (``residual_dtype`` as a dtype name or None)."""
+    import torch
+
+    import layernorm.torch as lt
+
+    if isinstance(kw.get("residual_dtype"), str):
+        kw["residual_dtype"] = getattr(torch, kw["residual_dtype"])
+    ts = [to_torch(a, device, grad=True) for a in args]
+    n_data = 2 if norm.residual else 1
+    d = args[0].shape[-1]
+    outs = getattr(lt, norm.name)(*ts[:n_data], (d,), *ts[n_data:], eps=norm.eps, **kw)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    live = [t for t in ts if t is not None]
+    grads = iter(torch.autograd.grad(outs, live, [to_torch(c, device) for c in cot]))
+    results = [*outs, *(None if t is None else next(grads) for t in ts)]
+    return dict(zip(names(norm), map(from_torch, results), strict=True))
 
 
 @dataclass(frozen=True)
@@ -236,6 +284,14 @@ def family_inputs():
 def run_norm():
     """:func:`run`: a module's forward and backward of a family member, results by name."""
     return run
+
+
+@pytest.fixture(scope="session")
+def torch_norm():
+    """:func:`run_torch`: a family member through layernorm.torch and autograd."""
+    pytest.importorskip("torch")
+    pytest.importorskip("numba")
+    return run_torch
 
 
 @pytest.fixture(scope="session")

@@ -261,9 +261,11 @@ def _split_mean(m0, c, z):
     return hi, _to((s - hi) + err, z)
 
 
-@njit(cache=True)
+@njit(error_model="numpy", cache=True)
 def _row_stats(xr, eps, centred, z):
-    """(hi, lo, rstd, finite, checksum) of one row (xr: (D,)), corrected two-pass."""
+    """(hi, lo, rstd, finite, checksum) of one row (xr: (D,)), corrected two-pass. IEEE
+    division: with eps = 0 (the torch API allows it) a constant row gets rstd = inf, so its
+    xhat is NaN, as torch's."""
     D = xr.shape[0]
     m0 = _to(_sum(xr, z) / D, z) if centred else z
     s1, s2, ck = _sum_centred(xr, m0, z)
@@ -290,7 +292,7 @@ def _scaled_row(xr, scale):
     return xs
 
 
-@njit(cache=True)
+@njit(error_model="numpy", cache=True)
 def _scaled_stats(xr, eps, centred, st):
     """Fill ``st`` (NSTATS,) for a row whose T sums overflow (xr: (D,)); return the
     scaled row (D,) float64, or an empty row for a constant centred row (it keeps T paths)."""
