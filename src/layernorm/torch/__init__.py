@@ -28,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ._functional import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from ._modules import LayerNorm, RMSNorm
+from ._swap import replace_norms
 
 __all__ = [
     "LayerNorm",
@@ -35,5 +36,6 @@ __all__ = [
     "add_layer_norm",
     "add_rms_norm",
     "layer_norm",
+    "replace_norms",
     "rms_norm",
 ]

@@ -1,0 +1,283 @@
+"""replace_norms: tiny transformers models and plain torch models with their norms swapped
+compute, train and serialise as before, and only the known classes are swapped."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("numba")
+
+import layernorm.torch as lt  # noqa: E402 - after the skips
+from layernorm.tolerances import assert_close  # noqa: E402
+
+VOCAB, HIDDEN, LAYERS, SEQ = 100, 32, 2, 8
+
+# Tolerances: everything here runs in float32, so the float32 "out" entry of the table. The
+# swapped and unswapped models differ only in the norms' float32 roundings (a few ulps of
+# their O(1) outputs), carried through float32 matmuls whose gains are O(1) at this size;
+# results compared with scale = the larger of 1 and their largest value (logits, losses).
+DTYPE = "float32"
+
+
+def _close(got, want, name: str, dtype: str = DTYPE) -> None:
+    """``got`` against ``want`` (tensors or arrays) under the "out" tolerance of ``dtype``,
+    scaled by the size of ``want``."""
+    got, want = (np.asarray(t.detach().double() if isinstance(t, torch.Tensor) else t)
+                 for t in (got, want))
+    assert_close(got, want, dtype, "out", scale=max(float(np.max(np.abs(want))), 1.0),
+                 name=name)
+
+
+def _scramble_norms(model: torch.nn.Module, names: set[str]) -> None:
+    """Move every parameter of the norms (classes named in ``names``) away from its initial
+    value (ones or zeros), so that weight and bias, and weight and 1 + weight, differ."""
+    with torch.no_grad():
+        for m in model.modules():
+            if type(m).__name__ in names:
+                for p in m.parameters(recurse=False):
+                    p.add_(0.5 * torch.randn_like(p))
+
+
+def _gpt2():
+    tf = pytest.importorskip("transformers")
+    cfg = tf.GPT2Config(n_layer=LAYERS, n_embd=HIDDEN, n_head=2, vocab_size=VOCAB,
+                        n_positions=SEQ, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
+    return tf.GPT2LMHeadModel(cfg), {"LayerNorm"}
+
+
+def _llama():
+    tf = pytest.importorskip("transformers")
+    cfg = tf.LlamaConfig(num_hidden_layers=LAYERS, hidden_size=HIDDEN, intermediate_size=64,
+                         num_attention_heads=2, num_key_value_heads=2, vocab_size=VOCAB,
+                         max_position_embeddings=SEQ, rms_norm_eps=1e-3,
+                         attn_implementation="eager")
+    return tf.LlamaForCausalLM(cfg), {"LlamaRMSNorm"}
+
+
+def _gemma():
+    tf = pytest.importorskip("transformers")
+    cfg = tf.GemmaConfig(num_hidden_layers=LAYERS, hidden_size=HIDDEN, intermediate_size=64,
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                         vocab_size=VOCAB, max_position_embeddings=SEQ, rms_norm_eps=1e-3,
+                         attn_implementation="eager")
+    return tf.GemmaForCausalLM(cfg), {"GemmaRMSNorm"}
+
+
+# (builder, number of norm modules): two per layer and the final norm
+MODELS = {"gpt2": _gpt2, "llama": _llama, "gemma": _gemma}
+NORMS_PER_MODEL = 2 * LAYERS + 1
+
+
+def _model(name: str) -> torch.nn.Module:
+    """The tiny float32 model ``name``, randomly initialised from seed 0, its norms'
+    parameters scrambled."""
+    torch.manual_seed(0)
+    model, norm_names = MODELS[name]()
+    _scramble_norms(model, norm_names)
+    return model
+
+
+def _batches(n: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB, (2, SEQ), generator=g) for _ in range(n)]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_swap_keeps_logits_parameters_and_state_dict(name):
+    """Protects the swap of a real client's norms: the count, each new module's class and
+    eps, the same Parameter objects, unchanged state dict keys and training mode, and logits
+    equal to the unswapped model's (Gemma: the 1 + weight scale, with weights away from 0)."""
+    model = _model(name)
+    want_eps = {"gpt2": 1e-5, "llama": 1e-3, "gemma": 1e-3}[name]
+    model.train()
+    reference = copy.deepcopy(model)
+    old = {path: m for path, m in model.named_modules() if "Norm" in type(m).__name__}
+    keys = list(model.state_dict())
+    params = dict(model.named_parameters())
+
+    assert lt.replace_norms(model) == NORMS_PER_MODEL == len(old)
+
+    new = dict(model.named_modules())
+    for path, m in old.items():
+        ours = new[path]
+        assert type(ours) is (lt.LayerNorm if name == "gpt2" else lt.RMSNorm), path
+        assert isinstance(ours, torch.nn.LayerNorm if name == "gpt2" else torch.nn.RMSNorm)
+        assert ours.eps == want_eps and ours.training, path
+        assert ours.zero_centered_gamma == (name == "gemma"), path
+        assert ours.weight is m.weight, path
+        assert getattr(ours, "bias", None) is getattr(m, "bias", None), path
+    assert list(model.state_dict()) == keys
+    assert all(p is params[k] for k, p in model.named_parameters())
+    assert len(dict(model.named_parameters())) == len(params)
+
+    ids = _batches(1)[0]
+    with torch.no_grad():
+        _close(model(ids).logits, reference(ids).logits, f"{name} logits")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_trains_as_before(name):
+    """Protects training through the swapped norms (their backward, and the optimizer built
+    before the swap still holding the live parameters): 10 SGD steps on the same batches give
+    the unswapped model's losses. Two batches in turn, so that the loss can fall (random
+    tokens are learnt only by memorising them)."""
+    model = _model(name)
+    reference = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # built before the swap
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    assert lt.replace_norms(model) == NORMS_PER_MODEL
+
+    losses = {"ours": [], "reference": []}
+    for m, o, key in [(model, opt, "ours"), (reference, opt_ref, "reference")]:
+        m.train()
+        for ids in _batches(2) * 5:
+            o.zero_grad()
+            loss = m(ids, labels=ids).loss
+            loss.backward()
+            o.step()
+            losses[key].append(loss.item())
+    assert losses["ours"][-1] < losses["ours"][0]  # it did train
+    _close(np.array(losses["ours"]), np.array(losses["reference"]), f"{name} losses")
+
+
+# (model family, class, eps attribute, scale is 1 + weight): every transformers class swapped
+HF_RMS_NORMS = [
+    ("llama", "LlamaRMSNorm", "variance_epsilon", False),
+    ("qwen2", "Qwen2RMSNorm", "variance_epsilon", False),
+    ("qwen3", "Qwen3RMSNorm", "variance_epsilon", False),
+    ("mistral", "MistralRMSNorm", "variance_epsilon", False),
+    ("gemma", "GemmaRMSNorm", "eps", True),
+    ("gemma2", "Gemma2RMSNorm", "eps", True),
+    ("gemma3", "Gemma3RMSNorm", "eps", True),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize(("family", "cls_name", "eps_attr", "centred"), HF_RMS_NORMS,
+                         ids=[c for _, c, _, _ in HF_RMS_NORMS])
+def test_each_transformers_rms_norm(family, cls_name, eps_attr, centred, dtype):
+    """Protects the class table: each transformers RMSNorm becomes our RMSNorm with its eps
+    (read from the right attribute; inputs small enough that eps moves the result) and its
+    scale (1 + weight for the Gemma family), and computes what the original computes. In
+    half dtypes the Llama family rounds twice (x·rstd, then its product with the weight)
+    where ours rounds once: the difference stays inside the dtype's "out" tolerance."""
+    tf_module = pytest.importorskip(f"transformers.models.{family}.modeling_{family}")
+    cls = getattr(tf_module, cls_name, None)
+    if cls is None:
+        pytest.skip(f"the installed transformers has no {cls_name}")
+    torch.manual_seed(0)
+    old = cls(24, eps=0.05)
+    assert getattr(old, eps_attr) == 0.05
+    with torch.no_grad():
+        old.weight.copy_(torch.randn(24))
+    old.to(getattr(torch, dtype))
+    x = (0.1 * torch.randn(3, 5, 24)).to(old.weight.dtype)  # mean(x^2) ~ 0.01 < eps = 0.05
+    with torch.no_grad():
+        want = old(x)
+    model = torch.nn.Sequential(old)
+
+    assert lt.replace_norms(model) == 1
+
+    ours = model[0]
+    assert type(ours) is lt.RMSNorm
+    assert ours.eps == 0.05 and ours.zero_centered_gamma is centred
+    assert ours.weight is old.weight and ours.normalized_shape == (24,)
+    with torch.no_grad():
+        got = ours(x)
+    assert got.dtype == want.dtype == x.dtype
+    _close(got, want, cls_name, dtype)
+
+
+def test_plain_torch_norms():
+    """Protects the torch classes in every form: with and without affine parameters or bias,
+    a 2-D normalized_shape, eps None, each module's own training mode; outputs unchanged."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8),
+        torch.nn.LayerNorm(8, eps=1e-3),
+        torch.nn.LayerNorm(8, elementwise_affine=False),
+        torch.nn.LayerNorm(8, bias=False),
+        torch.nn.RMSNorm(8),
+        torch.nn.RMSNorm(8, eps=1e-2, elementwise_affine=False),
+        torch.nn.Unflatten(-1, (2, 4)),
+        torch.nn.LayerNorm((2, 4)),
+        torch.nn.RMSNorm((2, 4), eps=0.5),
+        torch.nn.Flatten(-2),
+    )
+    model[3].eval()
+    _scramble_norms(model, {"LayerNorm", "RMSNorm"})
+    reference = copy.deepcopy(model)
+    norms = {i: m for i, m in enumerate(model) if isinstance(m, (torch.nn.LayerNorm,
+                                                                   torch.nn.RMSNorm))}
+    x = torch.randn(4, 3, 8)
+
+    assert lt.replace_norms(model) == len(norms) == 7
+
+    for i, old in norms.items():
+        ours = model[i]
+        assert type(ours) is (lt.LayerNorm if type(old) is torch.nn.LayerNorm else lt.RMSNorm)
+        assert (ours.normalized_shape, ours.eps, ours.elementwise_affine, ours.training) == (
+            old.normalized_shape, old.eps, old.elementwise_affine, old.training), i
+        assert ours.weight is old.weight and getattr(ours, "bias", None) is getattr(
+            old, "bias", None), i
+    with torch.no_grad():
+        _close(model(x), reference(x), "output")
+
+
+def test_second_call_swaps_nothing():
+    """Protects idempotence: our own modules are not swapped again, nor anything else."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.RMSNorm(8))
+    assert lt.replace_norms(model) == 2
+    after = list(model)
+    assert lt.replace_norms(model) == 0
+    assert all(a is b for a, b in zip(after, model, strict=True))
+
+
+def test_shared_module_swapped_once():
+    """Protects a norm reached from two places: one new module takes both places, counted
+    once, so the two places still share their parameters."""
+    norm = torch.nn.LayerNorm(8)
+    model = torch.nn.Sequential(norm, torch.nn.Linear(8, 8), norm)
+    assert lt.replace_norms(model) == 1
+    assert type(model[0]) is lt.LayerNorm and model[0] is model[2]
+
+
+def test_unknown_and_hooked_norms_left_in_place():
+    """Protects against silent changes of behaviour: a subclass with its own forward is not
+    a known class and stays; a known module with a hook stays, with a warning naming it."""
+
+    class Shifted(torch.nn.LayerNorm):
+        def forward(self, input):
+            return super().forward(input) + 1.0
+
+    hooked = torch.nn.LayerNorm(8)
+    hooked.register_forward_hook(lambda module, args, out: out * 2)
+    model = torch.nn.Sequential(Shifted(8), hooked, torch.nn.LayerNorm(8))
+    with pytest.warns(UserWarning, match=r"left 1 norm module\(s\) in place: 1 .*hooks"):
+        assert lt.replace_norms(model) == 1
+    assert type(model[0]) is Shifted and model[1] is hooked
+    assert type(model[2]) is lt.LayerNorm
+
+
+def test_bad_model():
+    """Protects the errors: a non-module is a TypeError naming model; a norm given as the
+    model itself cannot be swapped in place, a ValueError."""
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got str"):
+        lt.replace_norms("model")
+    with pytest.raises(ValueError, match="model is itself a LayerNorm"):
+        lt.replace_norms(torch.nn.LayerNorm(8))
+
+
+def test_transformers_not_imported():
+    """Protects transformers being optional: importing layernorm.torch does not import it."""
+    code = "import sys, layernorm.torch; print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
