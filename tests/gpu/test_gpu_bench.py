@@ -1,40 +1,48 @@
-"""The GPU benchmark's parts that need no GPU: shapes, result rows and files, the table, the
-report section, and the refusal to run without CUDA."""
+"""The GPU benchmark's parts that need no GPU: shapes, byte counts, result rows and files, the
+sweep (with a fake session: error rows, incremental writes), provider discovery, the reference
+check of a pass, the table, the report section, and the refusal to run without CUDA."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from layernorm.bench import gpu as bench
 from layernorm.commands import bench as command
-from layernorm.cost import minimal_bytes
+from layernorm.family import NORMS
+
+SRC = str(Path(bench.__file__).parents[2])
 
 
 def _rows(device="NVIDIA H100 80GB HBM3"):
-    """Synthetic results: three providers, two passes, two N, bfloat16."""
+    """Synthetic results: three providers, two passes, two N, bfloat16, layer_norm."""
     rows = []
     for n in (1024, 4096):
         m = bench.rows_for(n)
         for pass_ in ("fwd", "bwd"):
             for provider, ms in (("layernorm", 0.05), ("torch", 0.10), ("torch.compile", 0.04)):
-                rows.append(bench.make_row(device, "bfloat16", m, n, provider, pass_,
-                                           ms * n / 1024, 3000.0))
+                rows.append(bench.make_row(device, "layer_norm", "bfloat16", m, n, provider,
+                                           pass_, ms * n / 1024, 3000.0, timing="cuda_graph"))
     return rows
 
 
 def test_default_sweep():
     """Protects the benchmark's shapes: N from 256 to 256K by powers of two, M = 32,768 rows,
-    fewer for the largest N so M·N stays within 2**30 elements."""
+    and QuACK's row counts at 128K and 256K (16,384 and 8,192) so figures compare with its
+    published ones."""
     shapes = bench.parse_shapes(None, quick=False)
     assert [n for _, n in shapes] == [2**k for k in range(8, 19)]
-    assert all(m == 32768 for m, n in shapes if n <= 32768)
-    assert all(m * n <= 2**30 and m < 32768 for m, n in shapes if n > 32768)
-    assert len(bench.parse_shapes(None, quick=True)) < len(shapes)
+    assert dict((n, m) for m, n in shapes) == {
+        **{2**k: 32768 for k in range(8, 17)}, 131072: 16384, 262144: 8192}
+    quick = bench.parse_shapes(None, quick=True)
+    assert len(quick) < len(shapes) and set(quick) <= set(shapes)
 
 
 def test_parse_shapes():
@@ -49,47 +57,77 @@ def test_parse_shapes():
         bench.parse_shapes([(0, 10)], quick=False)
 
 
-@pytest.mark.parametrize("pass_,dtype,itemsize", [("fwd", "bfloat16", 2), ("bwd", "float32", 4)])
-def test_row_has_exactly_the_keys_and_minimal_byte_bandwidth(pass_, dtype, itemsize):
-    """Protects the JSON schema and the bandwidth formula: GB/s on minimal bytes
-    (2·M·N·itemsize forward, 3·M·N·itemsize backward) over the median time."""
-    row = bench.make_row("gpu", dtype, 1000, 4096, "layernorm", pass_, 0.5, 3000.0)
-    assert tuple(row) == bench.RESULT_KEYS
-    assert row["gbps"] == pytest.approx(minimal_bytes(pass_, 1000, 4096, itemsize) / 0.5e-3 / 1e9)
-    streams = 2 if pass_ == "fwd" else 3
-    assert row["gbps"] == pytest.approx(streams * 1000 * 4096 * itemsize / 0.5e6)
+# (M, N) arrays read and written, and parameters (read forward; read and their gradients
+# written backward): fwd x -> y (and residual -> h), bwd x|h, dy (, dh) -> dx (, dresidual).
+@pytest.mark.parametrize("norm,pass_,streams,params", [
+    ("layer_norm", "fwd", 2, 2), ("layer_norm", "bwd", 3, 4),
+    ("rms_norm", "fwd", 2, 1), ("rms_norm", "bwd", 3, 2),
+    ("add_layer_norm", "fwd", 4, 2), ("add_layer_norm", "bwd", 5, 4),
+    ("add_rms_norm", "fwd", 4, 1), ("add_rms_norm", "bwd", 5, 2),
+])
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_pass_bytes_per_norm_and_pass(norm, pass_, streams, params, itemsize):
+    """Protects the bandwidth formula of every norm and pass: minimal bytes are the (M, N)
+    streams the pass must move plus the (N,) parameters, at the input's item size."""
+    M, N = 1000, 4096
+    assert bench.pass_bytes(norm, pass_, M, N, itemsize) == (streams * M + params) * N * itemsize
+
+
+def test_rows_have_the_schema():
+    """Protects the JSON schema: a measured row has exactly RESULT_KEYS and its timing, with
+    GB/s on pass_bytes over the median time; a failed row has null ms and gbps and the error
+    instead of a timing."""
+    row = bench.make_row("gpu", "add_rms_norm", "bfloat16", 1000, 4096, "layernorm", "bwd", 0.5,
+                         3000.0, timing="events")
+    assert tuple(row) == (*bench.RESULT_KEYS, "timing") and row["timing"] == "events"
+    assert row["gbps"] == pytest.approx(
+        bench.pass_bytes("add_rms_norm", "bwd", 1000, 4096, 2) / 0.5e6)
+    failed = bench.make_row("gpu", "rms_norm", "float32", 8192, 262144, "liger", "fwd", None,
+                            3000.0, error="RuntimeError: n = 262144 exceeds 65536")
+    assert tuple(failed) == (*bench.RESULT_KEYS, "error")
+    assert failed["ms"] is None and failed["gbps"] is None
+    json.dumps([row, failed], allow_nan=False)
 
 
 def test_results_files(tmp_path):
-    """Protects writing and finding results: a folder gets a time-sorted gpu-*.json, a .json
-    path is used as given, the newest file wins, and rows with other keys are refused."""
+    """Protects writing and finding results: a folder gets a time-sorted gpu-*.json (one per
+    run, however often it is rewritten), a .json path is used as given, the newest file wins,
+    rows with unknown keys are refused, and files from before the family (no norm) read as
+    layer_norm."""
     rows = _rows()
-    older = tmp_path / ("gpu-20240101-000000-x.json")
-    older.write_text(json.dumps(rows[:1]))
-    path = bench.write_results(rows, tmp_path, rows[0]["device"])
+    older = tmp_path / "gpu-20240101-000000-x.json"
+    older.write_text(json.dumps([{k: v for k, v in rows[0].items() if k != "norm"}]))
+    assert bench.load_results(older) == [rows[0]]
+    path = bench.write_results(rows[:2], tmp_path, rows[0]["device"])
+    assert bench.write_results(rows, tmp_path, rows[0]["device"]) == path
     assert path.parent == tmp_path and path.name.startswith("gpu-") and "h100" in path.name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [older.name, path.name]
     assert bench.latest_results(tmp_path) == path
     assert bench.load_results(path) == rows
     named = bench.write_results(rows, tmp_path / "sub" / "mine.json", "gpu")
     assert named == tmp_path / "sub" / "mine.json" and named.exists()
     bad = tmp_path / "gpu-29990101-000000-bad.json"
     bad.write_text(json.dumps([{**rows[0], "extra": 1}]))
-    with pytest.raises(ValueError, match="exactly the keys"):
+    with pytest.raises(ValueError, match="keys"):
         bench.load_results(bad)
     assert bench.latest_results(tmp_path / "none") is None
 
 
 def test_table_shows_fraction_of_copy_and_speed_against_each_peer():
-    """Protects the printed table: per (dtype, pass, N), each provider's fraction of copy
-    bandwidth and our speed against every peer (peer ms / our ms)."""
-    text = bench.format_table(_rows())
+    """Protects the printed table: per (norm, dtype, pass, N), each provider's fraction of copy
+    bandwidth ("err" where it raised) and our speed against every peer (peer ms / our ms)."""
+    rows = _rows()
+    rows.append(bench.make_row(rows[0]["device"], "layer_norm", "bfloat16", 32768, 1024, "liger",
+                               "fwd", None, 3000.0, error="RuntimeError: boom"))
+    text = bench.format_table(rows)
     head, _, first, *_ = text.splitlines()
-    assert "layernorm of copy" in head and "vs torch" in head and "vs torch.compile" in head
+    assert "layernorm of copy" in head and "vs torch" in head and "vs liger" in head
     cells = first.split()
-    assert cells[:4] == ["bfloat16", "fwd", "1024", "32768"]
+    assert cells[:5] == ["layer_norm", "bfloat16", "fwd", "1024", "32768"]
     assert "2.00x" in cells and "0.80x" in cells  # torch 0.10 / 0.05, compile 0.04 / 0.05
+    assert "err" in cells and cells[-1] == "-"  # liger raised: no speed against it
     md = bench.format_table(_rows(), markdown=True)
-    assert md.startswith("| dtype | pass | N |") and md.count("\n") == 5
+    assert md.startswith("| norm | dtype | pass | N |") and md.count("\n") == 5
 
 
 def test_report_section_without_results(tmp_path, monkeypatch):
@@ -101,60 +139,352 @@ def test_report_section_without_results(tmp_path, monkeypatch):
 
 
 def test_report_section_with_results(tmp_path, monkeypatch):
-    """Protects the report's GPU section: the newest results as a table and a bandwidth plot."""
+    """Protects the report's GPU section: the newest results as a table and a bandwidth plot,
+    failed rows included in the table and left out of the plot."""
     pytest.importorskip("matplotlib")
     monkeypatch.chdir(tmp_path)
-    bench.write_results(_rows(), None, "NVIDIA H100 80GB HBM3")
+    rows = _rows() + [bench.make_row("NVIDIA H100 80GB HBM3", "rms_norm", "bfloat16", 16384,
+                                     131072, "liger", "fwd", None, 3000.0, error="E: x")]
+    bench.write_results(rows, None, "NVIDIA H100 80GB HBM3")
     out = tmp_path / "report"
     out.mkdir()
     text = command.gpu_report_section(SimpleNamespace(outdir=out, quick=True))
-    assert "NVIDIA H100" in text and "| bfloat16 | bwd | 4096 |" in text
+    assert "NVIDIA H100" in text and "| layer_norm | bfloat16 | bwd | 4096 |" in text
+    assert "| rms_norm | bfloat16 | fwd | 131072 |" in text
     assert "![fraction of copy bandwidth](gpu-bandwidth.png)" in text
     assert (out / "gpu-bandwidth.png").stat().st_size > 0
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # torch.compile
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_measure_provider_checks_and_times_both_passes(dtype, monkeypatch):
-    """Protects the measurement of one provider apart from CUDA timing: our layer_norm and
-    eager torch pass the reference check on the first rows, forward and backward (through
-    autograd, grads cleared before each run) are both run, and a wrong provider is caught."""
+class FakeSession:
+    """A sweep's measuring side without a GPU: ``fail(provider, N, pass_)`` gives the
+    exception a run raises (or None); ``before_run`` is called first with the run's
+    arguments."""
+
+    def __init__(self, fail=lambda p, n, pass_: None, before_run=lambda *a: None,
+                 timing="cuda_graph"):
+        self.fail, self.before_run, self.timing = fail, before_run, timing
+        self.released = 0
+
+    def copy_gbps(self, dtype, M, N):
+        return 3000.0
+
+    def providers(self, norm, N):
+        return ([bench.Provider(p, None) for p in ("layernorm", "torch", "liger")],
+                ["quack: not importable (ModuleNotFoundError: No module named 'quack')"])
+
+    def run(self, prov, norm, dtype, M, N, pass_):
+        self.before_run(prov, norm, dtype, M, N, pass_)
+        exc = self.fail(prov.name, N, pass_)
+        if exc is not None:
+            raise exc
+        capture_error = None if self.timing == "cuda_graph" else "RuntimeError: not capturable"
+        return bench.Measured([0.3, 0.1, 0.2], self.timing, None, capture_error)
+
+    def release(self):
+        self.released += 1
+
+
+SHAPES = [(32768, 4096), (16384, 131072)]
+
+
+def test_sweep_records_errors_and_goes_on(tmp_path, capsys):
+    """Protects the sweep against a provider's failure, of any kind: it becomes a row with null
+    ms and the exception named in one line, the device is released, and every later row is
+    still measured; a shape whose copy fails is skipped with a note."""
+
+    def fail(provider, n, pass_):
+        if provider == "liger" and n > 65536:  # as Liger raises past its block size
+            return RuntimeError(f"Cannot launch Triton kernel since n = {n} exceeds the "
+                                "recommended Triton blocksize = 65536.\nsecond line")
+        if provider == "torch" and pass_ == "bwd":
+            return ValueError("any exception, not only out of memory")
+        return None
+
+    session = FakeSession(fail)
+    path = tmp_path / "r.json"
+    rows, problems = bench.sweep(session, "gpu", ["bfloat16"], SHAPES, list(NORMS), path)
+    assert len(rows) == len(SHAPES) * len(NORMS) * 3 * 2  # every (shape, norm, provider, pass)
+    assert bench.load_results(path) == rows
+    failed = [r for r in rows if r["ms"] is None]
+    assert {(r["provider"], r["N"], r["pass"]) for r in failed} == (
+        {("liger", 131072, p) for p in ("fwd", "bwd")}
+        | {("torch", n, "bwd") for _, n in SHAPES})
+    assert session.released == len(failed)
+    liger = next(r for r in failed if r["provider"] == "liger")
+    assert liger["error"] == ("RuntimeError: Cannot launch Triton kernel since n = 131072 "
+                              "exceeds the recommended Triton blocksize = 65536.")
+    assert all("timing" not in r and r["gbps"] is None for r in failed)
+    done = [r for r in rows if r["ms"] is not None]
+    assert all(r["ms"] == 0.2 and r["timing"] == "cuda_graph" and "error" not in r for r in done)
+    assert rows[-1]["provider"] == "liger" and rows[-1]["N"] == 131072  # went on to the end
+    assert problems.count(
+        "quack: not importable (ModuleNotFoundError: No module named 'quack')") == 1
+    assert any(p.startswith("torch layer_norm N=4096 bfloat16 bwd: failed: ValueError")
+               for p in problems)
+    assert "failed" in capsys.readouterr().out
+
+    class NoCopy(FakeSession):
+        def copy_gbps(self, dtype, M, N):
+            if N > 65536:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 8.00 GiB")
+            return 3000.0
+
+    rows, problems = bench.sweep(NoCopy(), "gpu", ["float32"], SHAPES, ["rms_norm"], path)
+    assert {r["N"] for r in rows} == {4096}
+    assert "copy M=16384 N=131072 float32: RuntimeError: CUDA out of memory. Tried to allocate " \
+           "8.00 GiB; shape skipped" in problems
+
+
+def test_sweep_writes_each_row_as_it_comes(tmp_path):
+    """Protects the results of a long run: the file is rewritten after every row, so a crash
+    late (here an exception the sweep does not catch) keeps every earlier row."""
+    path = tmp_path / "sub" / "r.json"
+    seen = []
+
+    def before_run(*args):
+        seen.append(len(json.loads(path.read_text())) if path.exists() else 0)
+
+    rows, _ = bench.sweep(FakeSession(before_run=before_run), "gpu", ["float32"], SHAPES[:1],
+                          ["layer_norm", "add_rms_norm"], path)
+    assert seen == list(range(len(rows)))
+
+    class Crash(BaseException):
+        pass
+
+    def crash_at_fifth(*args):
+        if path.exists() and len(json.loads(path.read_text())) == 4:
+            raise Crash
+
+    path.unlink()
+    with pytest.raises(Crash):
+        bench.sweep(FakeSession(before_run=crash_at_fifth), "gpu", ["float32"], SHAPES,
+                    list(NORMS), path)
+    kept = bench.load_results(path)
+    assert len(kept) == 4 and [r["provider"] for r in kept] == ["layernorm"] * 2 + ["torch"] * 2
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_sweep_notes_events_timing_once(tmp_path):
+    """Protects the timing record: a pass that does not capture in a CUDA graph is timed by
+    events, says so in its rows, and is noted once per (provider, norm, pass), not per shape."""
+    rows, problems = bench.sweep(FakeSession(timing="events"), "gpu", ["bfloat16"], SHAPES,
+                                 ["rms_norm"], tmp_path / "r.json")
+    assert {r["timing"] for r in rows} == {"events"}
+    notes = [p for p in problems if "timed by events" in p]
+    assert len(notes) == 3 * 2 and all("first at N=4096" in p for p in notes)
+
+
+def _module(monkeypatch, name, **attrs):
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    monkeypatch.setitem(sys.modules, name, mod)
+    return mod
+
+
+def _fake_ours(monkeypatch, torch):
+    """A stand-in for layernorm.torch (being written): the eager functions, by name."""
+    F = torch.nn.functional
+
+    def add(norm_fn):
+        def fn(x, residual, shape, *params, eps):
+            h = x + residual
+            return norm_fn(h, shape, *params, eps=eps), h
+        return fn
+
+    _module(monkeypatch, "layernorm.torch", layer_norm=F.layer_norm, rms_norm=F.rms_norm,
+            add_layer_norm=add(F.layer_norm), add_rms_norm=add(F.rms_norm))
+
+
+COMPILE_WARNING = "ignore:`torch.jit.script_method` is deprecated"  # torch.compile's import
+
+
+@pytest.mark.filterwarnings(COMPILE_WARNING)
+def test_provider_discovery_absent_when_unimportable(monkeypatch):
+    """Protects discovery: ours, eager torch and torch.compile for every norm; Liger and QuACK
+    absent, with one note each, when they do not import (and ours, when layernorm.torch does
+    not)."""
     torch = pytest.importorskip("torch")
-    pytest.importorskip("triton")
+    _fake_ours(monkeypatch, torch)
+    for name in ("liger_kernel", "quack"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    for norm in NORMS:
+        found, notes = bench.providers_for(norm, 256)
+        assert [p.name for p in found] == ["layernorm", "torch", "torch.compile"]
+        # neither library has an add + LayerNorm: nothing to miss there
+        missed = [] if norm == "add_layer_norm" else ["liger", "quack"]
+        assert [n.split(": ")[0] for n in notes] == missed
+        assert all("(ModuleNotFoundError: " in n for n in notes)
+    monkeypatch.setitem(sys.modules, "layernorm.torch", None)
+    found, notes = bench.providers_for("rms_norm", 256)
+    assert [p.name for p in found] == ["torch", "torch.compile"]
+    assert notes[0].startswith("layernorm: no rms_norm from layernorm.torch (ModuleNotFoundError")
+
+
+def _fake_peers(monkeypatch, torch, calls):
+    """Liger and QuACK as their current sources define the entry points the benchmark uses,
+    computed by eager torch on the CPU; every call's non-tensor arguments go to ``calls``."""
+    F = torch.nn.functional
+
+    def fn_class(name, body):
+        def apply(*args):
+            calls.append((name, [a for a in args if not isinstance(a, torch.Tensor)]))
+            return body(*args)
+        return type(name, (), {"apply": staticmethod(apply)})
+
+    _module(monkeypatch, "liger_kernel")
+    _module(monkeypatch, "liger_kernel.ops")
+    _module(monkeypatch, "liger_kernel.ops.layer_norm", LigerLayerNormFunction=fn_class(
+        "LigerLayerNormFunction", lambda x, w, b, eps: F.layer_norm(x, w.shape, w, b, eps)))
+    _module(monkeypatch, "liger_kernel.ops.rms_norm", LigerRMSNormFunction=fn_class(
+        "LigerRMSNormFunction",
+        lambda x, w, eps, offset, mode, in_place: F.rms_norm(x, w.shape, w, eps)))
+
+    def fused_add(x, r, w, eps, offset, mode, in_place):
+        h = x + r
+        return F.rms_norm(h, w.shape, w, eps), h
+
+    _module(monkeypatch, "liger_kernel.ops.fused_add_rms_norm",
+            LigerFusedAddRMSNormFunction=fn_class("LigerFusedAddRMSNormFunction", fused_add))
+
+    def rmsnorm(x, weight=None, bias=None, residual=None, out_dtype=None, residual_dtype=None,
+                eps=1e-6, prenorm=False, weight_offset=0.0):
+        calls.append(("rmsnorm", [eps, prenorm]))
+        h = x if residual is None else x + residual
+        y = F.rms_norm(h.float(), weight.shape, weight, eps).to(x.dtype)
+        return (y, h) if prenorm and residual is not None else y
+
+    def layernorm_fwd(x, weight, bias=None, eps=1e-6, return_rstd=False, return_mean=False):
+        calls.append(("layernorm_fwd", [eps, return_rstd, return_mean]))
+        assert weight.dtype == bias.dtype == torch.float32  # QuACK asserts it
+        xf = x.float()
+        mean = xf.mean(-1)
+        rstd = torch.rsqrt(((xf - mean[:, None]) ** 2).mean(-1) + eps)
+        y = ((xf - mean[:, None]) * rstd[:, None] * weight + bias).to(x.dtype)
+        return y, rstd, mean
+
+    def layernorm_bwd(x, weight, dout, rstd, mean, has_bias=True):
+        calls.append(("layernorm_bwd", [has_bias]))
+        xhat = (x.float() - mean[:, None]) * rstd[:, None]
+        g = dout.float() * weight
+        dx = rstd[:, None] * (g - g.mean(-1, keepdim=True)
+                              - xhat * (g * xhat).mean(-1, keepdim=True))
+        return dx.to(x.dtype), (dout.float() * xhat).sum(0), dout.float().sum(0)
+
+    _module(monkeypatch, "quack")
+    _module(monkeypatch, "quack.rmsnorm", rmsnorm=rmsnorm, layernorm_fwd=layernorm_fwd,
+            layernorm_bwd=layernorm_bwd)
+
+
+@pytest.mark.filterwarnings(COMPILE_WARNING)
+def test_peer_providers_call_the_current_entry_points(monkeypatch):
+    """Protects the Liger and QuACK wiring: each is present exactly for the norms it has
+    (Liger: LayerNorm, RMSNorm, fused add + RMSNorm; QuACK: rmsnorm with and without a residual,
+    layernorm_fwd and layernorm_bwd), called with the arguments their sources take (Liger not
+    in place; QuACK's float32 parameters; its layer norm's backward through layernorm_bwd), and
+    each passes the reference check forward and backward."""
+    torch = pytest.importorskip("torch")
+    _fake_ours(monkeypatch, torch)
     calls = []
-
-    def fake_time(fn, rounds, flush, before=None):
-        if before:
-            before()
-        fn()
-        calls.append(fn)
-        return [1.0] * rounds
-
-    monkeypatch.setattr(bench, "_time_ms", fake_time)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    _fake_peers(monkeypatch, torch, calls)
+    has = {"layer_norm": {"liger", "quack"}, "rms_norm": {"liger", "quack"},
+           "add_layer_norm": set(), "add_rms_norm": {"liger", "quack"}}
     g = torch.Generator().manual_seed(0)
-    x, dy = (torch.randn(8, 96, generator=g).to(device, getattr(torch, dtype)) for _ in "ab")
-    w, b = torch.ones(96, device=device), torch.zeros(96, device=device)
-    providers = {p.name: p for p in bench._providers(96)[0]}
-    for name in ("layernorm", "torch"):
-        times, err = bench._measure_provider(providers[name], dtype, x, w.to(x.dtype),
-                                             b.to(x.dtype), dy, 3, None)
-        assert err is None and set(times) == {"fwd", "bwd"} and times["fwd"] == [1.0] * 3
-    assert len(calls) == 4
-    wrong = bench.Provider("wrong", lambda x, w, b: x * 2)
-    _, err = bench._measure_provider(wrong, dtype, x, w.to(x.dtype), b.to(x.dtype), dy, 3, None)
-    assert err is not None and err.startswith("y:")
+    for norm, peers in has.items():
+        found, notes = bench.providers_for(norm, 64)
+        assert notes == []
+        by = {p.name: p for p in found}
+        assert set(by) == {"layernorm", "torch", "torch.compile", *peers}
+        nm = NORMS[norm]
+        inputs = [torch.randn(8, 64, generator=g) for _ in nm.forward_inputs]
+        params = [1 + 0.1 * torch.randn(64, generator=g), 0.1 * torch.randn(64, generator=g)]
+        cot = [torch.randn(8, 64, generator=g) for _ in nm.forward_outputs]
+        for name in peers:
+            assert by[name].fp32_params == (name == "quack")
+            for pass_ in bench.PASSES:
+                fn, mismatch = bench.prepare(by[name], norm, "float32", inputs,
+                                             params[:len(nm.params)], cot, pass_)
+                assert mismatch is None, (name, norm, pass_, mismatch)
+                fn()
+    eps = {n: NORMS[n].eps for n in NORMS}
+    assert ("LigerRMSNormFunction", [eps["rms_norm"], 0.0, "llama", False]) in calls
+    assert ("LigerFusedAddRMSNormFunction", [eps["add_rms_norm"], 0.0, "llama", False]) in calls
+    assert ("LigerLayerNormFunction", [eps["layer_norm"]]) in calls
+    assert ("rmsnorm", [eps["add_rms_norm"], True]) in calls
+    assert ("layernorm_fwd", [eps["layer_norm"], True, True]) in calls
+    assert ("layernorm_bwd", [True]) in calls
 
 
-def test_run_cuda_without_a_gpu(capsys):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("norm", list(NORMS))
+def test_prepare_checks_every_norm_forward_and_backward(norm, dtype):
+    """Protects the correctness gate of every norm: eager torch passes the reference check on
+    the first rows, forward (y, and h) and backward (dx, and dresidual, through autograd.grad
+    with dy and dh), and the call returned is the pass (the outputs, or every gradient); a
+    provider wrong in y, h or dx is caught and the output named."""
+    torch = pytest.importorskip("torch")
+    nm = NORMS[norm]
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(8, 96, generator=g).to(dt) for _ in nm.forward_inputs]
+    params = [(1 + 0.1 * torch.randn(96, generator=g)).to(dt),
+              (0.1 * torch.randn(96, generator=g)).to(dt)][:len(nm.params)]
+    cot = [torch.randn(8, 96, generator=g).to(dt) for _ in nm.forward_outputs]
+    eager = bench._eager(norm, 96, nm.eps)
+    right = bench.Provider("torch", eager)
+    fwd, mismatch = bench.prepare(right, norm, dtype, inputs, params, cot, "fwd")
+    assert mismatch is None and len(bench._as_tuple(fwd())) == len(nm.forward_outputs)
+    bwd, mismatch = bench.prepare(right, norm, dtype, inputs, params, cot, "bwd")
+    assert mismatch is None and len(bwd()) == len(inputs) + len(params)
+
+    def wrong_y(*a):
+        out = bench._as_tuple(eager(*a))
+        return (out[0] * 2, *out[1:])
+
+    def wrong_h(*a):
+        y, h = eager(*a)
+        return y, h + 1
+
+    def wrong_dx(*a):  # right forward, zero gradient for x (and residual)
+        k = len(nm.forward_inputs)
+        out = bench._as_tuple(eager(*(t.detach() for t in a[:k]), *a[k:]))
+        zero = sum(0 * t for t in a[:k])
+        return tuple(o + zero for o in out)
+
+    wrongs = [("y", wrong_y, "fwd"), ("dx", wrong_dx, "bwd")]
+    if nm.residual:
+        wrongs.append(("h", wrong_h, "fwd"))
+    for name, fn, pass_ in wrongs:
+        _, mismatch = bench.prepare(bench.Provider("wrong", fn), norm, dtype, inputs, params,
+                                    cot, pass_)
+        assert mismatch is not None and mismatch.startswith(f"{name}:"), (name, mismatch)
+
+
+def test_run_cuda_without_a_gpu(capsys, tmp_path, monkeypatch):
     """Protects `layernorm bench --device cuda` on a machine without CUDA: a clear message and
     exit status 2, nothing written."""
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("CUDA is present: run_cuda would measure")
+    monkeypatch.chdir(tmp_path)
     args = SimpleNamespace(dtype=None, shape=None, quick=True, out=None, rounds=None)
     assert command.run_cuda(args) == 2
     assert "no CUDA device" in capsys.readouterr().out
+    assert not (tmp_path / "bench").exists()
+
+
+def test_cli_without_a_gpu_fails_cleanly(tmp_path):
+    """Protects the command line itself without CUDA: `python -m layernorm bench --device cuda`
+    exits with status 2 and one message naming the command, no traceback, no file."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: the command would measure")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    res = subprocess.run([sys.executable, "-m", "layernorm", "bench", "--device", "cuda"],
+                         capture_output=True, text=True, check=False, cwd=tmp_path, env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stdout.startswith("layernorm bench --device cuda") and "Traceback" not in (
+        res.stdout + res.stderr)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_module_needs_no_torch():

@@ -1,33 +1,71 @@
-"""The GPU benchmark: the fused Triton kernels against PyTorch and public kernels, on CUDA.
+"""The GPU benchmark: the family's PyTorch API against PyTorch and public kernels, on CUDA.
 
-    parse_shapes, rows_for      the (M, N) sweep: N = 256 ... 256K, M = 32,768 rows or fewer
+    parse_shapes, rows_for      the (M, N) sweep: N = 256 ... 256K, M = 32,768 rows, QuACK's
+                                16,384 and 8,192 at 128K and 256K
     unavailable                 why nothing can be measured here (no torch/triton, no CUDA, the
                                 interpreter), or None
-    measure                     every (dtype, M, N): a copy, then each provider's forward and
-                                backward, each checked against the NumPy reference first
-    make_row, write_results,    result rows (exactly :data:`RESULT_KEYS`) and their JSON files,
-    load_results, latest_results  bench/results/gpu-<time>-<device>.json
+    measure                     every (dtype, M, N, norm): a copy, then each provider's passes,
+                                each checked against the NumPy reference first
+    sweep                       the loop itself, apart from CUDA: a provider's exception is a
+                                row, and the file is rewritten after every row
+    pass_bytes, make_row,       result rows and their JSON files,
+    write_results, load_results,  bench/results/gpu-<time>-<device>.json
+    latest_results
     format_table, plot_bandwidth  fraction of copy per provider, our speed against each peer
 
-Timing: the median of many runs timed by CUDA events, L2 flushed before every run (a 256 MB
-write); the forward is y, the backward dx, dweight and dbias (final reduction included). A
-device-to-device copy of the same tensor, timed the same way in the same run, is the
-bandwidth a pass is compared with: quality is GB/s on minimal bytes
-(:func:`layernorm.cost.minimal_bytes`) over that copy's GB/s.
+Providers, per norm (a library that lacks a norm is absent for it; one that does not import
+is absent, with a note). torch is ``torch.nn.functional``, after h = x + residual for an
+add-norm, and torch.compile compiles that function, per N:
 
-Providers: ``layernorm`` (ours), ``torch`` (eager ``F.layer_norm``), ``torch.compile`` (of
-``F.layer_norm``), and ``liger`` (Liger-Kernel) and ``quack`` (QuACK) when importable. Their
-y and dx on the first rows are compared with the NumPy reference through
-:func:`layernorm.tolerances.compare` before timing.
+    norm            layernorm          torch        liger                         quack
+    layer_norm      lt.layer_norm      layer_norm   LigerLayerNormFunction        layernorm_fwd/_bwd
+    rms_norm        lt.rms_norm        rms_norm     LigerRMSNormFunction          rmsnorm
+    add_layer_norm  lt.add_layer_norm  layer_norm   -                             -
+    add_rms_norm    lt.add_rms_norm    rms_norm     LigerFusedAddRMSNormFunction  rmsnorm(residual)
 
-torch and triton are imported only inside the functions that run on a GPU, so the results,
-the table and the plot (the report's GPU section) work without them.
+``lt`` is :mod:`layernorm.torch`. Liger's RMSNorms run with its defaults (offset 0, casting
+mode "llama") and ``in_place=False``, as in place overwrites dy with dx. QuACK
+(``quack.rmsnorm``) takes float32 weight and bias, as in its own benchmarks; its layer norm
+has no autograd Function, so ``layernorm_fwd`` (keeping mean and rstd) and ``layernorm_bwd``
+are joined in one here.
+
+Passes: ``fwd`` is the forward on inputs that need no gradient (nothing recorded for
+autograd); ``bwd`` is ``torch.autograd.grad`` of the outputs (y, and h with its gradient dh
+for an add-norm) on a kept graph, with respect to the inputs and parameters: dx (and
+dresidual) and dweight (and dbias) with their final reduction.
+
+Check: before timing, each pass's outputs on the first rows (y and h; dx and dresidual) are
+compared with the NumPy reference (:mod:`layernorm.reference`, float64 on the same rounded
+inputs, h rounded to the input dtype) through :func:`layernorm.tolerances.compare`.
+
+Timing: each pass is captured in a CUDA graph and replayed, so the host's work of a Python
+path is not timed; where capture fails, the calls themselves are timed (the row's
+``timing`` says which, "cuda_graph" or "events"). Each run follows an L2 flush (a 256 MB
+write) and is timed by CUDA events; the median of many runs is kept. A device-to-device copy
+of an (M, N) tensor, timed the same way in the same run, is the bandwidth a pass is compared
+with.
+
+Bytes (:func:`pass_bytes`): the minimal bytes of :func:`layernorm.cost.minimal_bytes` (fwd
+reads x, and residual, and writes y, and h; bwd reads x or h, dy, and dh, and writes dx, and
+dresidual) plus the parameters (read; their gradients written backward), all at the input's
+item size whatever dtype a provider keeps its parameters in, so GB/s compare as times do.
+
+Results: a JSON list of rows, rewritten after every row, with the keys of
+:data:`RESULT_KEYS` (``ms`` and ``gbps`` null where the provider raised) and, of
+:data:`OPTIONAL_KEYS`, ``timing`` for a measured row or ``error`` (the exception in one line)
+for a failed one. Files written before the family was measured have no ``norm``: they are
+read as layer_norm.
+
+torch and triton are imported only inside the functions that measure, so the results, the
+table and the plot (the report's GPU section) work without them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 import re
 import statistics
 import time
@@ -36,6 +74,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import family
 from .._table import render
 from .._validate import parse_shape
 from ..cost import minimal_bytes
@@ -43,26 +82,32 @@ from ..dtypes import DTYPES
 from ..tolerances import compare
 
 RESULTS_DIR = Path("bench") / "results"
-RESULT_KEYS = ("device", "dtype", "M", "N", "provider", "pass", "ms", "gbps", "copy_gbps")
+RESULT_KEYS = ("device", "norm", "dtype", "M", "N", "provider", "pass", "ms", "gbps",
+               "copy_gbps")
+OPTIONAL_KEYS = ("timing", "error")
+NORMS = tuple(family.NORMS)
 PROVIDERS = ("layernorm", "torch", "torch.compile", "liger", "quack")
+PASSES = ("fwd", "bwd")
 # The Triton kernels compute in float32: the dtypes whose compute dtype is float32.
 GPU_DTYPES = tuple(name for name, d in DTYPES.items() if d.compute == "float32")
 DEFAULT_DTYPES = ("bfloat16", "float32")
 NS = tuple(2**k for k in range(8, 19))  # 256 ... 262,144
 QUICK_NS = (1024, 4096, 32768, 262144)
 MAX_ROWS = 32768
-MAX_ELEMENTS = 2**30  # fewer rows for the largest N: 2 GB (bf16) or 4 GB (fp32) per tensor
+# QuACK's row counts, so figures compare with its published ones: M·N <= 2**31 elements,
+# 16,384 rows at 128K and 8,192 at 256K (4 GB per bfloat16 tensor, 8 GB per float32 one).
+MAX_ELEMENTS = 2**31
 FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2
 ROUNDS, QUICK_ROUNDS = 100, 25
 WARMUP = 3
 CHECK_ROWS = 4  # rows checked against the NumPy reference before timing
-EPS = 1e-5
+ERROR_CHARS = 300  # an error row's message is cut to its first line, at most this long
 COMMAND = "layernorm bench --device cuda"
 GOALS = {"fwd": 0.90, "bwd": 0.80}  # fraction of copy bandwidth for N >= 2K on an H100
 
 
 def rows_for(N: int) -> int:
-    """M for row length N: 32,768 rows, fewer when M·N would pass 2**30 elements."""
+    """M for row length N: 32,768 rows, fewer when M·N would pass 2**31 elements."""
     return max(1, min(MAX_ROWS, MAX_ELEMENTS // N))
 
 
@@ -90,44 +135,86 @@ def parse_shapes(specs: Sequence[Any] | None, quick: bool) -> list[tuple[int, in
     return shapes
 
 
+# ---------------------------------------------------------------------------------------------
+# Result rows and files (no torch)
+# ---------------------------------------------------------------------------------------------
+
+
+def pass_bytes(norm: str, pass_: str, M: int, N: int, itemsize: int) -> int:
+    """Bytes a pass must move: the (M, N) arrays of :func:`layernorm.cost.minimal_bytes` and
+    the parameters (read; their gradients written in the backward), at ``itemsize``."""
+    # the parameters are what cost's extras add with them less what they add without (the
+    # per-row statistics, which an implementation may recompute rather than move)
+    params = (minimal_bytes(pass_, M, N, itemsize, norm=norm, extras=True)
+              - minimal_bytes(pass_, M, N, itemsize, norm=norm, extras=True, affine=False))
+    return minimal_bytes(pass_, M, N, itemsize, norm=norm) + params
+
+
 def make_row(
-    device: str, dtype: str, M: int, N: int, provider: str, pass_: str, ms: float,
-    copy_gbps: float,
+    device: str, norm: str, dtype: str, M: int, N: int, provider: str, pass_: str,
+    ms: float | None, copy_gbps: float, *, timing: str | None = None, error: str | None = None,
 ) -> dict[str, Any]:
-    """One result row; gbps is on the minimal bytes of the pass."""
-    itemsize = DTYPES[dtype].itemsize
-    gbps = minimal_bytes(pass_, M, N, itemsize) / (ms * 1e6)
-    row = {"device": device, "dtype": dtype, "M": M, "N": N, "provider": provider,
-           "pass": pass_, "ms": ms, "gbps": gbps, "copy_gbps": copy_gbps}
-    return {k: row[k] for k in RESULT_KEYS}
+    """One result row: GB/s on :func:`pass_bytes` over ``ms``. A measured row has ``timing``
+    ("cuda_graph" or "events"); a failed one has ``ms`` None and ``error``."""
+    gbps = None if ms is None else pass_bytes(norm, pass_, M, N, DTYPES[dtype].itemsize) / (
+        ms * 1e6)
+    row = {"device": device, "norm": norm, "dtype": dtype, "M": M, "N": N,
+           "provider": provider, "pass": pass_, "ms": ms, "gbps": gbps, "copy_gbps": copy_gbps}
+    if timing is not None:
+        row["timing"] = timing
+    if error is not None:
+        row["error"] = error
+    return row
 
 
-def results_path(device: str, when: float | None = None) -> str:
-    """File name of a results file: sorts by time, then names the device."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+@functools.cache
+def _run_started() -> float:
+    return time.time()
+
+
+def results_path(device: str) -> str:
+    """File name of a results file: sorts by time, then names the device. The time is when
+    this process first named a file, so the rewrites during a run, and a final write after
+    it, go to one file."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(_run_started()))
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
     return f"gpu-{stamp}-{slug}.json"
 
 
-def write_results(rows: list[dict[str, Any]], out: Path | str | None, device: str) -> Path:
-    """Write ``rows`` as JSON to ``out`` (a .json file, or a folder; default bench/results)."""
+def results_file(out: Path | str | None, device: str) -> Path:
+    """Where rows go: ``out`` if it is a .json file, else a :func:`results_path` file in the
+    folder ``out`` (default bench/results)."""
     out = RESULTS_DIR if out is None else Path(out)
-    path = out if out.suffix == ".json" else out / results_path(device)
+    return out if out.suffix == ".json" else out / results_path(device)
+
+
+def write_results(rows: list[dict[str, Any]], out: Path | str | None, device: str) -> Path:
+    """Write ``rows`` as JSON to :func:`results_file`, replacing it whole (a crash while
+    writing leaves the previous version)."""
+    path = results_file(out, device)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rows, indent=1) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rows, indent=1) + "\n")
+    os.replace(tmp, path)
     return path
 
 
 def load_results(path: Path) -> list[dict[str, Any]]:
-    """The rows of a results file, each checked to have exactly :data:`RESULT_KEYS`."""
+    """The rows of a results file, each checked to have the keys of :data:`RESULT_KEYS` and
+    no others but :data:`OPTIONAL_KEYS`; a row with no ``norm`` (an older file) is
+    layer_norm."""
     rows = json.loads(Path(path).read_text())
     if not isinstance(rows, list):
         raise ValueError(f"{path}: expected a JSON list of rows, got {type(rows).__name__}")
+    out = []
     for row in rows:
-        if not isinstance(row, dict) or set(row) != set(RESULT_KEYS):
-            raise ValueError(f"{path}: every row must have exactly the keys {RESULT_KEYS}, "
-                             f"got {row!r}")
-    return rows
+        row = {"norm": "layer_norm", **row} if isinstance(row, dict) else row
+        if not isinstance(row, dict) or not set(RESULT_KEYS) <= set(row) <= {
+                *RESULT_KEYS, *OPTIONAL_KEYS}:
+            raise ValueError(f"{path}: every row must have the keys {RESULT_KEYS} and may have "
+                             f"{OPTIONAL_KEYS}, got {row!r}")
+        out.append(row)
+    return out
 
 
 def latest_results(folder: Path = RESULTS_DIR) -> Path | None:
@@ -136,140 +223,370 @@ def latest_results(folder: Path = RESULTS_DIR) -> Path | None:
     return paths[-1] if paths else None
 
 
-def _peers(rows: Iterable[dict[str, Any]]) -> list[str]:
-    present = {r["provider"] for r in rows}
-    return [p for p in PROVIDERS if p in present and p != "layernorm"]
+def _fraction(row: dict[str, Any]) -> float | None:
+    """A row's GB/s over its copy's, or None for a failed row."""
+    return None if row["ms"] is None else row["gbps"] / row["copy_gbps"]
 
 
 def format_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
-    """One line per (dtype, pass, N): copy GB/s, each provider's fraction of it, and how many
-    times faster ``layernorm`` is than each peer (peer ms / layernorm ms; > 1 is faster)."""
+    """One line per (norm, dtype, pass, N): copy GB/s, each provider's fraction of it ("err"
+    where it raised), and how many times faster ``layernorm`` is than each peer (peer ms /
+    layernorm ms; > 1 is faster)."""
     providers = [p for p in PROVIDERS if any(r["provider"] == p for r in rows)]
-    peers = _peers(rows)
-    head = ["dtype", "pass", "N", "M", "copy GB/s", *(f"{p} of copy" for p in providers),
+    peers = [p for p in providers if p != "layernorm"]
+    head = ["norm", "dtype", "pass", "N", "M", "copy GB/s", *(f"{p} of copy" for p in providers),
             *(f"vs {p}" for p in peers)]
     groups: dict[tuple, dict[str, dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["dtype"], r["pass"], r["N"], r["M"]), {})[r["provider"]] = r
+        key = (r["norm"], r["dtype"], r["pass"], r["N"], r["M"])
+        groups.setdefault(key, {})[r["provider"]] = r
     body = []
-    order = sorted(groups, key=lambda k: (k[0], k[1] != "fwd", k[2]))
-    for dtype, pass_, n, m in order:
-        by = groups[(dtype, pass_, n, m)]
-        copy = next(iter(by.values()))["copy_gbps"]
-        line = [dtype, pass_, str(n), str(m), f"{copy:.0f}"]
-        line += [f"{by[p]['gbps'] / by[p]['copy_gbps']:.2f}" if p in by else "-" for p in providers]
-        ours = by.get("layernorm")
-        line += [f"{by[p]['ms'] / ours['ms']:.2f}x" if ours and p in by else "-" for p in peers]
+    order = sorted(groups, key=lambda k: (NORMS.index(k[0]), k[1], PASSES.index(k[2]), k[3]))
+    for key in order:
+        by = groups[key]
+        line = [key[0], key[1], key[2], str(key[3]), str(key[4]),
+                f"{next(iter(by.values()))['copy_gbps']:.0f}"]
+        fractions = {p: _fraction(r) for p, r in by.items()}
+        line += ["-" if p not in by else "err" if fractions[p] is None else f"{fractions[p]:.2f}"
+                 for p in providers]
+        ours = fractions.get("layernorm")
+        line += [f"{by[p]['ms'] / by['layernorm']['ms']:.2f}x"
+                 if ours is not None and fractions.get(p) is not None else "-" for p in peers]
         body.append(line)
     return render(head, body, markdown, align=">")
 
 
 def plot_bandwidth(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Fraction of copy bandwidth against N, one panel per (pass, dtype), one line per provider."""
+    """Fraction of copy bandwidth against N: one row of panels per norm, one panel per
+    (pass, dtype), one line per provider (failed rows left out)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dtypes = sorted({r["dtype"] for r in rows})
-    passes = [p for p in ("fwd", "bwd") if any(r["pass"] == p for r in rows)]
-    fig, axes = plt.subplots(len(passes), len(dtypes), squeeze=False, sharex=True, sharey=True,
-                             figsize=(5 * len(dtypes), 3.6 * len(passes)))
-    for i, pass_ in enumerate(passes):
-        for j, dtype in enumerate(dtypes):
+    done = [r for r in rows if r["ms"] is not None]
+    norms = [n for n in NORMS if any(r["norm"] == n for r in done)]
+    columns = [(p, d) for p in PASSES for d in sorted({r["dtype"] for r in done})
+               if any((r["pass"], r["dtype"]) == (p, d) for r in done)]
+    fig, axes = plt.subplots(len(norms), len(columns), squeeze=False, sharex=True, sharey=True,
+                             figsize=(4.5 * len(columns), 3.4 * len(norms)))
+    for i, norm in enumerate(norms):
+        for j, (pass_, dtype) in enumerate(columns):
             ax = axes[i][j]
             for provider in PROVIDERS:
-                pts = sorted((r["N"], r["gbps"] / r["copy_gbps"]) for r in rows
-                             if (r["pass"], r["dtype"], r["provider"]) == (pass_, dtype, provider))
+                pts = sorted((r["N"], _fraction(r)) for r in done
+                             if (r["norm"], r["pass"], r["dtype"], r["provider"])
+                             == (norm, pass_, dtype, provider))
                 if pts:
                     ax.plot(*zip(*pts, strict=True), marker="o", label=provider)
             ax.axhline(GOALS[pass_], color="grey", linestyle="--", linewidth=1, label="goal")
             ax.set_xscale("log", base=2)
-            ax.set_title(f"{pass_} {dtype}")
+            ax.set_title(f"{family.norm(norm).title} {pass_} {dtype}")
             ax.set_xlabel("N (row length)")
             ax.set_ylabel("fraction of copy bandwidth")
             ax.grid(True, alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    labels = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            labels.setdefault(label, handle)
+    fig.legend(list(labels.values()), list(labels), loc="upper right", fontsize=8)
     fig.suptitle(rows[0]["device"])
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.92, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
 # ---------------------------------------------------------------------------------------------
-# Measurement (needs torch and a CUDA device)
+# The sweep (no torch: the measuring is a session's)
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Provider:
-    """fn(x, weight, bias) -> y. ``backward``: y can be differentiated; ``bias``: it takes a
-    bias; ``fp32_params``: it takes float32 weight and bias whatever x's dtype."""
+    """``fn(*inputs, *params)`` -> y, or (y, h) for an add-norm, differentiable by autograd:
+    inputs are x (and residual), params weight (and bias), as :mod:`layernorm.family` orders
+    them. ``fp32_params``: it takes float32 parameters whatever x's dtype."""
 
     name: str
     fn: Callable[..., Any]
-    backward: bool = True
-    bias: bool = True
     fp32_params: bool = False
 
 
-def _providers(N: int) -> tuple[list[Provider], list[str]]:
-    """The providers for rows of length N, and notes on the ones missing."""
-    import torch
+@dataclass(frozen=True)
+class Measured:
+    """One pass of one provider: sorted times (ms), how they were taken ("cuda_graph" or
+    "events"), how its results differ from the reference (None if they agree), and why it
+    was not captured in a graph (None if it was)."""
+
+    times: list[float]
+    timing: str
+    mismatch: str | None = None
+    capture_error: str | None = None
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message``, the message's first line, at most :data:`ERROR_CHARS` long."""
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first.strip()}"[:ERROR_CHARS]
+
+
+def _quantiles(times: list[float]) -> tuple[float, float, float]:
+    """p50, p20, p80 of sorted times."""
+    if len(times) < 2:
+        return times[0], times[0], times[0]
+    q = statistics.quantiles(times, n=10, method="inclusive")
+    return statistics.median(times), q[1], q[7]
+
+
+def sweep(session: Any, device: str, dtypes: Sequence[str], shapes: Sequence[tuple[int, int]],
+          norms: Sequence[str], path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows for every (dtype, M, N, norm, provider, pass), and the problems found; ``path`` is
+    rewritten after every row and progress printed.
+
+    ``session`` measures: ``copy_gbps(dtype, M, N)``, ``providers(norm, N)`` -> (providers,
+    notes on missing ones), ``run(provider, norm, dtype, M, N, pass_)`` -> :class:`Measured`,
+    and ``release()`` after a failure (frees what it can). An exception from ``run`` is a row
+    with ``ms`` None and the exception in ``error``, and the sweep goes on; a shape whose copy
+    cannot be measured is skipped with a note."""
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    uncaptured: set[tuple[str, str, str]] = set()  # (provider, norm, pass) noted once
+
+    def note(text: str) -> None:
+        if text not in problems:
+            problems.append(text)
+
+    def record(row: dict[str, Any], detail: str) -> None:
+        rows.append(row)
+        write_results(rows, path, device)
+        print(f"  {row['norm']:>14} {row['pass']} {row['provider']:>13}: {detail}", flush=True)
+
+    for dtype in dtypes:
+        for M, N in shapes:
+            try:
+                copy = session.copy_gbps(dtype, M, N)
+            except Exception as exc:  # any failure: the sweep goes on
+                session.release()
+                note(f"copy M={M} N={N} {dtype}: {_one_line(exc)}; shape skipped")
+                continue
+            print(f"{dtype} M={M} N={N}: copy {copy:.0f} GB/s", flush=True)
+            for norm in norms:
+                providers, notes = session.providers(norm, N)
+                for text in notes:
+                    note(text)
+                for prov in providers:
+                    where = f"{prov.name} {norm} N={N} {dtype}"
+                    for pass_ in PASSES:
+                        try:
+                            m = session.run(prov, norm, dtype, M, N, pass_)
+                        except Exception as exc:  # any failure is a row
+                            error = _one_line(exc)
+                            note(f"{where} {pass_}: failed: {error}")
+                            record(make_row(device, norm, dtype, M, N, prov.name, pass_, None,
+                                            copy, error=error), f"failed: {error}")
+                            session.release()
+                            continue
+                        if m.mismatch:
+                            note(f"{where}: differs from the reference: {m.mismatch}")
+                        if m.capture_error and (prov.name, norm, pass_) not in uncaptured:
+                            uncaptured.add((prov.name, norm, pass_))
+                            note(f"{prov.name} {norm} {pass_}: timed by events where it does "
+                                 f"not capture in a CUDA graph (first at N={N} {dtype}: "
+                                 f"{m.capture_error})")
+                        p50, p20, p80 = _quantiles(m.times)
+                        row = make_row(device, norm, dtype, M, N, prov.name, pass_, p50, copy,
+                                       timing=m.timing)
+                        record(row, f"{p50:.4f} ms (p20 {p20:.4f}, p80 {p80:.4f})  "
+                                    f"{row['gbps']:.0f} GB/s  {row['gbps'] / copy:.2f} of copy"
+                                    f"{'' if m.timing == 'cuda_graph' else '  (events)'}")
+    return rows, problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Providers (need torch; the peers only where they import)
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_tuple(out: Any) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _ours(norm: str, N: int, eps: float) -> Callable[..., Any]:
+    from .. import torch as lt  # layernorm.torch
+
+    fn = getattr(lt, norm)
+    k = len(family.norm(norm).forward_inputs)
+    return lambda *a: fn(*a[:k], (N,), *a[k:], eps=eps)
+
+
+def _eager(norm: str, N: int, eps: float) -> Callable[..., Any]:
+    """PyTorch's own: F.layer_norm or F.rms_norm, after h = x + residual for an add-norm."""
     import torch.nn.functional as F
 
-    from ..gpu.api import layer_norm
+    nm = family.norm(norm)
+    norm_fn = F.layer_norm if nm.centred else F.rms_norm
+    k = len(nm.forward_inputs)
 
-    def torch_ln(x, w, b):
-        return F.layer_norm(x, (N,), w, b, EPS)
+    def eager(*a):
+        h = a[0] + a[1] if nm.residual else a[0]
+        y = norm_fn(h, (N,), *a[k:], eps=eps)
+        return (y, h) if nm.residual else y
 
-    torch._dynamo.reset()  # a fresh cache per N: no recompile limit, no dynamic shapes
-    found = [
-        Provider("layernorm", lambda x, w, b: layer_norm(x, (N,), w, b, EPS)),
-        Provider("torch", torch_ln),
-        Provider("torch.compile", torch.compile(torch_ln, dynamic=False)),
-    ]
-    notes = []
-    try:
+    return eager
+
+
+def _liger(norm: str, N: int, eps: float) -> Callable[..., Any] | None:
+    """Liger-Kernel's autograd Functions (liger_kernel/ops/*.py); it has no add + LayerNorm."""
+    if norm == "layer_norm":
         from liger_kernel.ops.layer_norm import LigerLayerNormFunction
 
-        found.append(Provider("liger", lambda x, w, b: LigerLayerNormFunction.apply(x, w, b, EPS)))
-    except ImportError as exc:
-        notes.append(f"liger: not importable ({exc})")
-    try:  # QuACK's API moved between versions: with autograd (no bias), or forward only
-        from quack.layernorm import layernorm as quack_ln
+        return lambda x, w, b: LigerLayerNormFunction.apply(x, w, b, eps)
+    if norm == "rms_norm":
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
-        found.append(Provider("quack", lambda x, w, b: quack_ln(x, w, EPS), bias=False,
-                              fp32_params=True))
-        notes.append("quack: weight only (this version takes no bias)")
-    except ImportError:
+        # (X, W, eps, offset, casting_mode, in_place): not in place, which overwrites dy
+        return lambda x, w: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)
+    if norm == "add_rms_norm":
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+        return lambda x, r, w: LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama",
+                                                                  False)
+    return None
+
+
+def _quack(norm: str, N: int, eps: float) -> Callable[..., Any] | None:
+    """QuACK's quack/rmsnorm.py: ``rmsnorm`` (autograd; a residual with ``prenorm=True``
+    returns (y, h)) and ``layernorm_fwd``/``layernorm_bwd`` (no autograd Function, so joined
+    in one here); it has no add + LayerNorm in its public API."""
+    if norm == "rms_norm":
+        from quack.rmsnorm import rmsnorm
+
+        return lambda x, w: rmsnorm(x, w, eps=eps)
+    if norm == "add_rms_norm":
+        from quack.rmsnorm import rmsnorm
+
+        return lambda x, r, w: rmsnorm(x, w, residual=r, eps=eps, prenorm=True)
+    if norm == "layer_norm":
+        import torch
+        from quack.rmsnorm import layernorm_bwd, layernorm_fwd
+
+        class QuackLayerNorm(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, w, b):
+                y, rstd, mean = layernorm_fwd(x, w, b, eps, return_rstd=True, return_mean=True)
+                ctx.save_for_backward(x, w, rstd, mean)
+                return y
+
+            @staticmethod
+            def backward(ctx, dy):
+                x, w, rstd, mean = ctx.saved_tensors
+                return layernorm_bwd(x, w, dy.contiguous(), rstd, mean, has_bias=True)
+
+        return QuackLayerNorm.apply
+    return None
+
+
+# name -> (factory(norm, N, eps) -> fn, or None where the library lacks the norm; fp32_params)
+_PEERS: dict[str, tuple[Callable[[str, int, float], Callable[..., Any] | None], bool]] = {
+    "liger": (_liger, False),
+    "quack": (_quack, True),
+}
+
+
+def providers_for(norm: str, N: int) -> tuple[list[Provider], list[str]]:
+    """The providers of ``norm`` for rows of length N, and notes on the ones that do not
+    import (a library that lacks the norm is left out without a note)."""
+    import torch
+
+    eps = family.norm(norm).eps
+    torch._dynamo.reset()  # a fresh cache per (norm, N): no recompile limit, no dynamic shapes
+    found, notes = [], []
+    try:
+        found.append(Provider("layernorm", _ours(norm, N, eps)))
+    except Exception as exc:  # an import may fail in any way
+        notes.append(f"layernorm: no {norm} from layernorm.torch ({_one_line(exc)})")
+    eager = _eager(norm, N, eps)
+    found += [Provider("torch", eager),
+              Provider("torch.compile", torch.compile(eager, dynamic=False))]
+    for name, (factory, fp32_params) in _PEERS.items():
         try:
-            from quack.rmsnorm import layernorm_fwd
-
-            found.append(Provider("quack", lambda x, w, b: layernorm_fwd(x, w, b, EPS),
-                                  backward=False, fp32_params=True))
-            notes.append("quack: forward only (this version has no layer-norm backward)")
-        except ImportError as exc:
-            notes.append(f"quack: not importable ({exc})")
+            fn = factory(norm, N, eps)
+        except Exception as exc:  # an import may fail in any way
+            notes.append(f"{name}: not importable ({_one_line(exc)})")
+            continue
+        if fn is not None:
+            found.append(Provider(name, fn, fp32_params))
     return found, notes
 
 
-def _time_ms(fn: Callable[[], Any], rounds: int, flush: Any,
-             before: Callable[[], Any] | None = None) -> list[float]:
-    """Sorted times (ms) of ``rounds`` runs of ``fn``, each after an L2 flush, by CUDA events."""
+# ---------------------------------------------------------------------------------------------
+# Checking and timing one pass
+# ---------------------------------------------------------------------------------------------
+
+
+def _check(norm: str, dtype: str, inputs: Sequence[Any], params: Sequence[Any],
+           outputs: Sequence[Any], cotangents: Sequence[Any] = (),
+           grads: Sequence[Any] | None = None) -> str | None:
+    """None if the outputs (y, h) and, given, the input gradients (dx, dresidual) match the
+    NumPy reference on the first :data:`CHECK_ROWS` rows, else what differs."""
+    from .. import reference
+
+    nm = family.norm(norm)
+
+    def rows(t):
+        return t[:CHECK_ROWS].detach().double().cpu().numpy()
+
+    def whole(t):
+        return t.detach().double().cpu().numpy()
+
+    # h is rounded once to the input dtype, as the providers store it
+    kw = {"residual_dtype": dtype} if nm.residual else {}
+    *want, cache = getattr(reference, f"{norm}_forward")(
+        *map(rows, inputs), *map(whole, params), nm.eps, **kw)
+    pairs = list(zip(nm.forward_outputs, map(rows, outputs), want, strict=True))
+    if grads is not None:
+        want_grads = getattr(reference, f"{norm}_backward")(*map(rows, cotangents), cache)
+        pairs += zip(nm.backward_outputs, map(rows, grads), want_grads, strict=False)
+    for name, got, expected in pairs:
+        c = compare(got, expected, dtype, "out")
+        if not c:
+            return (f"{name}: max error {c.max_abs_err:.2e}, at {c.index} {c.got:.6g} against "
+                    f"{c.want:.6g} (bound {c.bound:.2e})")
+    return None
+
+
+def prepare(prov: Provider, norm: str, dtype: str, inputs: Sequence[Any],
+            params: Sequence[Any], cotangents: Sequence[Any], pass_: str
+            ) -> tuple[Callable[[], Any], str | None]:
+    """The call that is one ``pass_`` of ``prov``, and how its results differ from the
+    reference (None if they agree). Any device: the timing is the caller's."""
+    import torch
+
+    params = [p.float() for p in params] if prov.fp32_params else list(params)
+    if pass_ == "fwd":
+        outputs = _as_tuple(prov.fn(*inputs, *params))
+        mismatch = _check(norm, dtype, inputs, params, outputs)
+        return (lambda: prov.fn(*inputs, *params)), mismatch
+    leaves = [t.detach().requires_grad_() for t in (*inputs, *params)]
+    outputs = _as_tuple(prov.fn(*leaves))
+    grads = torch.autograd.grad(outputs, leaves, cotangents, retain_graph=True)
+    mismatch = _check(norm, dtype, inputs, params, outputs, cotangents, grads[:len(inputs)])
+    del grads
+    return (lambda: torch.autograd.grad(outputs, leaves, cotangents, retain_graph=True)), mismatch
+
+
+def _event_times(fn: Callable[[], Any], rounds: int, flush: Any) -> list[float]:
+    """Sorted times (ms) of ``rounds`` runs of ``fn``, each after an L2 flush, by CUDA events
+    on the current stream."""
     import torch
 
     for _ in range(WARMUP):
-        if before:
-            before()
         fn()
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(rounds)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(rounds)]
     for start, end in zip(starts, ends, strict=True):
-        if before:
-            before()
         flush.zero_()
         start.record()
         fn()
@@ -278,102 +595,87 @@ def _time_ms(fn: Callable[[], Any], rounds: int, flush: Any,
     return sorted(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
-def _quantiles(times: list[float]) -> tuple[float, float, float]:
-    """p50, p20, p80 of sorted times."""
-    q = statistics.quantiles(times, n=10, method="inclusive")
-    return statistics.median(times), q[1], q[7]
-
-
-def _check_rows(dtype: str, x: Any, w: Any, b: Any, y: Any, dy: Any = None,
-                dx: Any = None) -> str | None:
-    """None if y (and dx) match the NumPy reference on the first rows, else what differs."""
-    from ..reference import layer_norm_backward, layer_norm_forward
-
-    def f64(t):
-        return None if t is None else t.detach().double().cpu().numpy()
-
-    n = CHECK_ROWS
-    yr, cache = layer_norm_forward(f64(x[:n]), f64(w), f64(b), EPS)
-    pairs = [("y", f64(y[:n]), yr)]
-    if dx is not None:
-        pairs.append(("dx", f64(dx[:n]), layer_norm_backward(f64(dy[:n]), cache)[0]))
-    for name, got, want in pairs:
-        c = compare(got, want, dtype, "out")
-        if not c:
-            return (f"{name}: max error {c.max_abs_err:.2e}, at {c.index} {c.got:.6g} against "
-                    f"{c.want:.6g} (bound {c.bound:.2e})")
-    return None
-
-
-def _copy_gbps(x: Any, rounds: int, flush: Any) -> float:
-    """Bandwidth of a device-to-device copy of x (read and write), timed like the passes."""
+def _time(fn: Callable[[], Any], rounds: int, flush: Any) -> tuple[list[float], str, str | None]:
+    """Sorted times (ms) of ``fn``, replayed from a CUDA graph where it captures, else called;
+    how ("cuda_graph" or "events"); and why capture failed (or None). Run on a side stream:
+    capture needs one, and a backward runs on its forward's stream."""
     import torch
 
-    dst = torch.empty_like(x)
-    p50 = _quantiles(_time_ms(lambda: dst.copy_(x), rounds, flush))[0]
-    return 2 * x.numel() * x.element_size() / (p50 * 1e6)
+    for _ in range(WARMUP):  # compile and autotune before capture, which cannot
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
+            fn()
+    except Exception as exc:  # whatever stops capture, time the calls instead
+        torch.cuda.synchronize()
+        return _event_times(fn, rounds, flush), "events", _one_line(exc)
+    return _event_times(graph.replay, rounds, flush), "cuda_graph", None
 
 
-def _measure_provider(prov: Provider, dtype_name: str, x: Any, w: Any, b: Any, dy: Any,
-                      rounds: int, flush: Any) -> tuple[dict[str, list[float]], str | None]:
-    """Sorted times per pass of one provider, and how it differs from the reference (or None)."""
-    import torch
+class CudaSession:
+    """The measuring side of :func:`sweep` on the current CUDA device: one side stream for
+    everything, an L2 flush buffer, and one (norm, dtype, M, N)'s tensors at a time."""
 
-    w = w.float() if prov.fp32_params else w
-    b = (b.float() if prov.fp32_params else b) if prov.bias else None
-    with torch.no_grad():
-        err = _check_rows(dtype_name, x, w, b, prov.fn(x, w, b))
-    times = {"fwd": _time_ms(lambda: prov.fn(x, w, b), rounds, flush)}
-    if prov.backward:
-        xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
-        bg = None if b is None else b.detach().requires_grad_()
-        y = prov.fn(xg, wg, bg)
-        y.backward(dy, retain_graph=True)
-        err = err or _check_rows(dtype_name, x, w, b, y, dy, xg.grad)
+    def __init__(self, rounds: int) -> None:
+        import torch
 
-        def clear_grads() -> None:
-            xg.grad = wg.grad = None
-            if bg is not None:
-                bg.grad = None
+        self.rounds = rounds
+        self.stream = torch.cuda.Stream()
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self._key: tuple | None = None
+        self._tensors: tuple | None = None
 
-        times["bwd"] = _time_ms(lambda: y.backward(dy, retain_graph=True), rounds, flush,
-                                before=clear_grads)
-    return times, err
+    def copy_gbps(self, dtype: str, M: int, N: int) -> float:
+        """Bandwidth of a device-to-device copy of an (M, N) tensor (read and write)."""
+        import torch
 
+        self._key = self._tensors = None
+        with torch.cuda.stream(self.stream):
+            x = torch.ones(M, N, device="cuda", dtype=getattr(torch, DTYPES[dtype].torch))
+            dst = torch.empty_like(x)
+            p50 = _quantiles(_time(lambda: dst.copy_(x), self.rounds, self.flush)[0])[0]
+        return 2 * x.numel() * x.element_size() / (p50 * 1e6)
 
-def _measure_shape(dtype_name: str, M: int, N: int, rounds: int, flush: Any,
-                   device: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """Rows for one (dtype, M, N), and the problems found (our own mismatch among them)."""
-    import torch
+    def providers(self, norm: str, N: int) -> tuple[list[Provider], list[str]]:
+        return providers_for(norm, N)
 
-    dtype = getattr(torch, DTYPES[dtype_name].torch)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(M, N, device="cuda", dtype=dtype, generator=gen)
-    dy = torch.randn(M, N, device="cuda", dtype=dtype, generator=gen)
-    w = (1 + 0.1 * torch.randn(N, device="cuda", generator=gen)).to(dtype)
-    b = (0.1 * torch.randn(N, device="cuda", generator=gen)).to(dtype)
+    def _case(self, norm: str, dtype: str, M: int, N: int) -> tuple:
+        """(inputs, params, cotangents) of one case, kept until the case changes."""
+        import torch
 
-    copy_gbps = _copy_gbps(x, rounds, flush)
-    print(f"{dtype_name} M={M} N={N}: copy {copy_gbps:.0f} GB/s", flush=True)
+        key = (norm, dtype, M, N)
+        if key != self._key:
+            self._key = self._tensors = None  # free the last case's before making these
+            nm = family.norm(norm)
+            dt = getattr(torch, DTYPES[dtype].torch)
+            gen = torch.Generator(device="cuda").manual_seed(0)
 
-    providers, problems = _providers(N)
-    rows = []
-    for prov in providers:
-        try:
-            times, err = _measure_provider(prov, dtype_name, x, w, b, dy, rounds, flush)
-        except torch.cuda.OutOfMemoryError:
-            problems.append(f"{prov.name} N={N} {dtype_name}: out of memory, skipped")
-            torch.cuda.empty_cache()
-            continue
-        if err:
-            problems.append(f"{prov.name} N={N} {dtype_name}: differs from the reference: {err}")
-        for pass_, t in times.items():
-            p50, p20, p80 = _quantiles(t)
-            row = make_row(device, dtype_name, M, N, prov.name, pass_, p50, copy_gbps)
-            rows.append(row)
-            print(f"  {pass_} {prov.name:>13}: {p50:.4f} ms (p20 {p20:.4f}, p80 {p80:.4f})  "
-                  f"{row['gbps']:.0f} GB/s  {row['gbps'] / copy_gbps:.2f} of copy", flush=True)
-    return rows, problems
+            def randn(*shape):
+                return torch.randn(*shape, device="cuda", dtype=dt, generator=gen)
+
+            inputs = [randn(M, N) for _ in nm.forward_inputs]
+            params = [1 + 0.1 * randn(N), 0.1 * randn(N)][:len(nm.params)]  # weight, bias
+            cotangents = [randn(M, N) for _ in nm.forward_outputs]  # dy, and dh
+            self._tensors, self._key = (inputs, params, cotangents), key
+        return self._tensors
+
+    def run(self, prov: Provider, norm: str, dtype: str, M: int, N: int, pass_: str
+            ) -> Measured:
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            fn, mismatch = prepare(prov, norm, dtype, *self._case(norm, dtype, M, N), pass_)
+            times, timing, capture_error = _time(fn, self.rounds, self.flush)
+        return Measured(times, timing, mismatch, capture_error)
+
+    def release(self) -> None:
+        import torch
+
+        self._key = self._tensors = None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def unavailable() -> str | None:
@@ -393,19 +695,19 @@ def unavailable() -> str | None:
     return None
 
 
-def measure(dtypes: Sequence[str], shapes: Sequence[tuple[int, int]], rounds: int
+def measure(dtypes: Sequence[str], shapes: Sequence[tuple[int, int]], rounds: int,
+            norms: Iterable[str] | None = None, out: Path | str | None = None
             ) -> tuple[list[dict[str, Any]], list[str], str]:
-    """Rows for every dtype (names of :data:`GPU_DTYPES`) and (M, N), the problems found, and
-    the device's name; progress is printed as it goes. Needs :func:`unavailable` to be None."""
+    """Rows for every dtype (names of :data:`GPU_DTYPES`), (M, N) and norm (default: the
+    family), the problems found, and the device's name. Rows are written to
+    :func:`results_file` of ``out`` as they come and progress is printed. Needs
+    :func:`unavailable` to be None."""
     import torch
 
+    norms = list(NORMS if norms is None else norms)
+    for n in norms:
+        family.norm(n)
     device = torch.cuda.get_device_name()
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    rows: list[dict[str, Any]] = []
-    problems: list[str] = []
-    for dtype_name in dtypes:
-        for M, N in shapes:
-            got, found = _measure_shape(dtype_name, M, N, rounds, flush, device)
-            rows += got
-            problems += found
+    rows, problems = sweep(CudaSession(rounds), device, dtypes, shapes, norms,
+                           results_file(out, device))
     return rows, problems, device
