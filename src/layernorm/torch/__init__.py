@@ -26,6 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "package's `torch` extra"
     ) from exc
 
+from . import _distributed  # noqa: F401 - how DTensor shards the ops, once DTensor is imported
 from ._functional import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from ._modules import LayerNorm, RMSNorm
 from ._swap import replace_norms
