@@ -459,15 +459,7 @@ def _fsdp_worker(rank: int, centred: bool) -> dict:
     return {n: p.full_tensor() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("centred", [
-    False,
-    pytest.param(True, marks=pytest.mark.xfail(
-        strict=True, raises=WorkerError,
-        reason="layernorm.torch._cpu.forward hands the bias's own memory to NumPy (.numpy() of "
-               "bias.detach().to(cdt).contiguous(), no copy for a float32 bias), which makes "
-               "its storage unresizable; FSDP2 frees an unsharded parameter by resizing its "
-               "storage to 0: 'RuntimeError: Trying to resize storage that is not resizable'")),
-], ids=["rms", "layer"])
+@pytest.mark.parametrize("centred", [False, True], ids=["rms", "layer"])
 def test_fsdp2_trains_as_one_process(world, centred):
     """Protects our modules under FSDP2 (fully_shard per module, then the root): parameters
     gathered for each module's forward and backward and freed after, gradients reduce-scattered;

@@ -133,6 +133,17 @@ def test_cpu_tensors_are_read_and_written_in_place():
     assert y.data_ptr() != x.data_ptr() and y.is_contiguous()
 
 
+def test_the_callers_storage_stays_resizable():
+    """Protects the callers' tensors from a side effect: handing memory to the kernels must
+    not mark a storage unresizable (Tensor.numpy() does, for good), which breaks FSDP2, whose
+    gathered parameters are freed by resizing their storage to 0."""
+    ts = [torch.randn(s, requires_grad=True) for s in ((4, 16), (4, 16), 16, 16)]
+    y, h = lt.add_layer_norm(*ts[:2], 16, *ts[2:])
+    torch.autograd.grad((y, h), ts, (torch.ones_like(y), torch.ones_like(h)))
+    for t in ts:
+        t.detach().untyped_storage().resize_(0)  # raises if it was marked
+
+
 def test_inputs_are_never_modified_and_strided_inputs_work():
     """Protects the inputs (never written) and non-contiguous inputs (a transposed view):
     the same results as on a contiguous copy."""

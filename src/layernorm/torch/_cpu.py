@@ -19,15 +19,28 @@ from ..cpu.kernels import NSTATS
 
 __all__ = ["backward", "forward", "stats_shapes"]
 
-_BITS = {torch.float16: np.uint16, torch.bfloat16: np.int16}
+_STORAGE = {torch.float16: np.dtype(np.uint16), torch.bfloat16: np.dtype(np.int16),
+            torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+            torch.int64: np.dtype(np.uint64)}  # halves as their bits; checksums unsigned
+
+
+class _Memory:
+    """A tensor's memory described to NumPy by the array interface: NumPy reads and writes it
+    in place, and the tensor is left as it was (``Tensor.numpy()`` would mark its storage as
+    not resizable for good, which FSDP2, freeing a gathered parameter, cannot accept)."""
+
+    def __init__(self, t: Tensor) -> None:
+        self.__array_interface__ = {
+            "data": (t.data_ptr(), False), "shape": tuple(t.shape),
+            "typestr": _STORAGE[t.dtype].str, "version": 3,
+        }
 
 
 def _np(t: Tensor) -> np.ndarray:
-    """A NumPy view of contiguous ``t``'s memory as the kernels store it (halves as bits)."""
-    bits = _BITS.get(t.dtype)
-    if bits is None:
-        return t.detach().numpy()
-    return t.detach().view(torch.int16).numpy().view(bits)
+    """A NumPy view of contiguous CPU tensor ``t``'s memory as the kernels store it (halves as
+    their bits, int64 as uint64). Valid while ``t`` lives: only within one kernel call."""
+    assert t.is_contiguous() and t.device.type == "cpu"
+    return np.asarray(_Memory(t))
 
 
 def _compute(*dtypes: torch.dtype) -> torch.dtype:
@@ -65,7 +78,7 @@ def forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Ten
     stats = torch.empty(stats_shapes(m)[0], dtype=torch.float64)
     check = torch.empty(stats_shapes(m)[1], dtype=torch.int64)
     scale = _scale(weight, d, cdt, zero_centered_gamma)
-    shift = torch.zeros(d, dtype=cdt) if bias is None else bias.detach().to(cdt).contiguous()
+    shift = torch.zeros(d, dtype=cdt) if bias is None else bias.detach().to(cdt, copy=True)
     if residual is not None:
         residual = residual.contiguous()
         h = torch.empty((m, d), dtype=h_dtype)
@@ -73,11 +86,11 @@ def forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Ten
         zp = _scalar(_compute(x.dtype, residual.dtype, h_dtype))
     else:
         h = x.new_empty((0,))
-        r2 = h2 = np.empty((m, 0), _np(x).dtype)
+        r2 = h2 = np.empty((m, 0), _STORAGE[x.dtype])
         zp = _scalar(cdt)
     if m:
         kernels.forward_kernel(_np(x), r2, zp, _np(scale), _np(shift), eps, centred, _np(y), h2,
-                               _np(stats), _np(check).view(np.uint64))
+                               _np(stats), _np(check))
     return y, h, stats, check
 
 
@@ -105,13 +118,13 @@ def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
     else:
         adt = cdt
         dres = xn.new_empty((0,))
-        dres2 = np.empty((m, 0), _np(scale).dtype)
-    dh2 = np.empty((m, 0), _np(scale).dtype) if dh is None else _np(dh)
+        dres2 = np.empty((m, 0), _STORAGE[cdt])
+    dh2 = np.empty((m, 0), _STORAGE[cdt]) if dh is None else _np(dh)
     partial = np.empty((kernels.n_chunks(m), 2, d))  # (C, 2, D) float64
     ok = np.empty(m, np.bool_)
     if m:
         kernels.backward_kernel(_np(xn), _np(dy), dh2, _scalar(adt), _np(scale), _np(stats),
-                                _np(check).view(np.uint64), centred, _np(dx), dres2, partial, ok)
+                                _np(check), centred, _np(dx), dres2, partial, ok)
     if not ok.all():
         raise ValueError(
             f"the normalized input changed between the forward and the backward (row "
