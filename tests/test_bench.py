@@ -107,12 +107,15 @@ def test_cuda_device_dispatches_to_the_gpu_harness(monkeypatch):
 
 
 def test_report_section_writes_plot_and_table(tmp_path, monkeypatch):
-    """Protects the report section: Markdown with the summary, the plot and the saved JSON."""
+    """Protects the report section: Markdown with the summary, the plot and the saved JSON,
+    and the backends it leaves out named with their reasons."""
     pytest.importorskip("matplotlib")
     monkeypatch.setattr(providers, "available", lambda norm="layer_norm": IMPLS)
+    monkeypatch.setattr(providers, "why_not", lambda norm, b: "not here")
     monkeypatch.setattr(command, "REPORT_SHAPES", ((2, 32),))
     text = command.report_section(ReportContext(outdir=tmp_path, quick=True))
     assert "![bandwidth](bench_cpu_bandwidth.png)" in text and "| 2x32 |" in text
+    assert "left out here: " in text and "`torch.compile` (not here)" in text
     assert (tmp_path / "bench_cpu_bandwidth.png").exists()
     assert json.loads((tmp_path / "bench_cpu.json").read_text())["rows"]
 
