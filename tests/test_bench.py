@@ -16,7 +16,8 @@ from layernorm.commands.report import ReportContext
 from layernorm.family import NORMS
 
 TINY = harness.Case((3, 64), "float32")
-IMPLS = [i for i in ("numpy", "fused") if i in providers.available()]
+IMPLS = providers.available(backends=("numpy", "fused"))
+TORCH_BACKENDS = ("layernorm.torch", "torch.compile")
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +43,9 @@ def test_rows_carry_schema_machine_and_checks(result):
         assert r["machine"]["numpy"] and r["timestamp"] == result["meta"]["timestamp"]
         assert set(r["speedup"]) == ({p for p in IMPLS if p != r["impl"]}
                                      if r["impl"] != "copy" else set())
+        assert set(r["speedup_p20_p80"]) == set(r["speedup"])
+        for peer, (lo, hi) in r["speedup_p20_p80"].items():
+            assert lo <= r["speedup"][peer] <= hi
         if r["impl"] != "copy":
             assert r["check"] <= 1
     fwd = next(r for r in rows if r["op"] == "fwd")
@@ -57,7 +61,7 @@ def test_tables_name_every_row(result):
     md = results.summary_table(result["rows"], markdown=True)
     assert md.startswith("| norm | shape |") and "copy GB/s" in md
     if "fused" in IMPLS:
-        assert "fwd met" in md or "fwd missed" in md
+        assert any(f"fwd {v}" in md for v in ("met", "missed", "noisy: rerun"))
 
 
 def test_plot_writes_a_png(result, tmp_path):
@@ -88,7 +92,7 @@ def test_cli_bench_saves_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "2x48" in text and "copy GB/s" in text
     saved = results.load(out)
-    assert saved["meta"]["machine"]["numpy"]
+    assert saved["meta"]["machine"]["numpy"] and len(saved["meta"]["loadavg"]) == 2
     assert len(saved["rows"]) == len(NORMS) * (3 * len(IMPLS) + 1)
     assert saved == json.loads(out.read_text())
 
@@ -103,12 +107,15 @@ def test_cuda_device_dispatches_to_the_gpu_harness(monkeypatch):
 
 
 def test_report_section_writes_plot_and_table(tmp_path, monkeypatch):
-    """Protects the report section: Markdown with the summary, the plot and the saved JSON."""
+    """Protects the report section: Markdown with the summary, the plot and the saved JSON,
+    and the backends it leaves out named with their reasons."""
     pytest.importorskip("matplotlib")
-    monkeypatch.setattr(command, "STANDARD_SHAPES", ((2, 32),))
     monkeypatch.setattr(providers, "available", lambda norm="layer_norm": IMPLS)
+    monkeypatch.setattr(providers, "why_not", lambda norm, b: "not here")
+    monkeypatch.setattr(command, "REPORT_SHAPES", ((2, 32),))
     text = command.report_section(ReportContext(outdir=tmp_path, quick=True))
     assert "![bandwidth](bench_cpu_bandwidth.png)" in text and "| 2x32 |" in text
+    assert "left out here: " in text and "`torch.compile` (not here)" in text
     assert (tmp_path / "bench_cpu_bandwidth.png").exists()
     assert json.loads((tmp_path / "bench_cpu.json").read_text())["rows"]
 
@@ -181,3 +188,108 @@ def test_yardstick_copies_and_checks_its_arguments():
         yardstick.copy(src, np.zeros((4, 5), np.float64))
     with pytest.raises(ValueError, match="C-contiguous"):
         yardstick.copy(src[:, :, ::2], np.zeros((2, 3, 2), np.float64))
+
+
+@pytest.mark.parametrize("backend", TORCH_BACKENDS)
+def test_torch_api_and_compiled_providers_match_the_reference(backend):
+    """Protects the layernorm.torch and torch.compile providers of every norm: on a tiny case in
+    float32 and bfloat16 their results, in outputs() order, pass the same check the bench
+    applies before timing, and every op runs (bwd again on its kept graph), so the rows the
+    goal table compares time the right computation."""
+    reason = providers.why_not("layer_norm", backend)
+    if reason is not None:
+        pytest.skip(f"{backend}: {reason}")
+    for name in NORMS:
+        for dtype in ("float32", "bfloat16"):
+            a = providers.inputs(name, (2, 3, 64), dtype)
+            ops, results_fn = providers.PROVIDERS[(name, backend)].setup(a)
+            assert harness.check(name, results_fn(), providers.reference(name, a), dtype) <= 1, (
+                name, dtype)
+            for op in providers.OPS:
+                ops[op]()
+            ops["bwd"]()
+
+
+def test_a_backend_that_cannot_run_says_why(monkeypatch):
+    """Protects discovery: a provider whose probe fails is absent from available() and
+    why_not() gives the probe's one-line reason; one whose module does not import is absent
+    as not installed."""
+    real = providers.PROVIDERS[("layer_norm", "torch.compile")]
+    monkeypatch.setitem(providers.PROVIDERS, ("layer_norm", "torch.compile"),
+                        providers.Provider(real.needs, real.setup, lambda: "no C++ compiler"))
+    monkeypatch.setitem(providers.PROVIDERS, ("layer_norm", "torch"),
+                        providers.Provider("no_such_module_here", real.setup))
+    assert "torch.compile" not in providers.available() and "torch" not in providers.available()
+    assert providers.why_not("layer_norm", "torch.compile") == "no C++ compiler"
+    assert "not installed" in providers.why_not("layer_norm", "torch")
+
+
+def _api_rows(eager: tuple[float, float, float], check: float = 0.0) -> list[dict]:
+    """The layernorm.torch fwd+bwd row of one synthetic case whose per-round ratio of torch's
+    time over ours has p50, p20, p80 = ``eager`` (torch.compile's: half of it)."""
+    p50, lo, hi = eager
+    return [{
+        "norm": "rms_norm", "shape": [8, 512, 768], "dtype": "bfloat16", "threads": 2,
+        "impl": "layernorm.torch", "op": "fwd+bwd", "p50_ms": 1.0, "p20_ms": 0.9,
+        "p80_ms": 1.1, "check": check,
+        "speedup": {"torch": p50, "torch.compile": p50 / 2},
+        "speedup_p20_p80": {"torch": [lo, hi], "torch.compile": [lo / 2, hi / 2]},
+    }]
+
+
+def _goal(rows: list[dict]) -> str:
+    """The goal column of torch_table's one body row."""
+    line = results.torch_table(rows, markdown=True).splitlines()[2]
+    return line.strip("| ").split(" | ")[-1]
+
+
+def test_torch_goal_verdict_needs_both_ends_of_the_spread():
+    """Protects the PyTorch API goal table: met only when p20 of the ratio reaches 1.5x,
+    missed only when even p80 falls short, "noisy: rerun" with the spread when p20 and p80
+    disagree; a result failing its check meets nothing; no layernorm.torch rows, no table."""
+    assert results.TORCH_API_GOAL == 1.5
+    assert _goal(_api_rows((2.0, 1.6, 2.4))) == "met"
+    assert _goal(_api_rows((1.5, 1.5, 1.7))) == "met"
+    assert _goal(_api_rows((1.2, 1.0, 1.4))) == "missed"
+    assert _goal(_api_rows((1.6, 1.3, 1.9))) == "noisy: rerun (1.30x-1.90x)"
+    assert _goal(_api_rows((2.0, 1.6, 2.4), check=3.0)) == "fails its check (3.0x tol)"
+    text = results.torch_table(_api_rows((2.0, 1.6, 2.4)))
+    assert "RMSNorm" in text and "8x512x768" in text and "2.00x (1.60-2.40)" in text
+    assert "1.00x (0.80-1.20)" in text  # torch.compile's ratio, shown without a goal
+    assert results.torch_table([]) == ""
+    assert results.verdict(0.78, 0.82, 0.80, "{:.0%}") == "noisy: rerun (78%-82%)"
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "--impl", "jax"],
+    ["bench", "--rounds", "0"],
+    ["bench", "--rounds", "many"],
+    ["bench", "--threads", "-1"],
+    ["bench", "--norm", "group_norm"],
+], ids=lambda a: " ".join(a))
+def test_bench_command_line_mistakes_are_one_line_and_exit_2(argv, capsys):
+    """Protects `layernorm bench`'s options from tracebacks and usage blocks: a mistake is one
+    line on stderr naming the option, and exit status 2."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and argv[1] in err and "Traceback" not in err
+
+
+def test_bench_says_which_implementations_it_leaves_out(monkeypatch, capsys, tmp_path):
+    """Protects --impl with a backend that cannot run here: one line on stderr naming it and
+    the reason, the others still timed; nothing left to time is exit 2."""
+    real = providers.why_not
+    monkeypatch.setattr(providers, "why_not", lambda norm, b: (
+        "compiling failed (no C++ compiler)" if b == "torch.compile" else real(norm, b)))
+    left_out = "layernorm bench: torch.compile left out: compiling failed (no C++ compiler)"
+    out = tmp_path / "r.json"
+    assert cli.main(["bench", "--impl", "torch.compile", "--impl", "numpy", "--norm",
+                     "layer_norm", "--shape", "2x16", "--rounds", "1", "--quick",
+                     "--out", str(out)]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == left_out
+    assert {r["impl"] for r in results.load(out)["rows"]} == {"numpy", "copy"}
+    assert cli.main(["bench", "--impl", "torch.compile"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        left_out, "layernorm bench: none of the implementations asked for runs here"]

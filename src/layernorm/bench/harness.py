@@ -2,7 +2,8 @@
 
     bench_case          one case (norm, shape, dtype): check each provider against the float64
                         reference, then time every (backend, op) pair and the copy
-    run_bench           every case, each row stamped with the machine and the time
+    run_bench           every case, each row stamped with the machine and the time; the run
+                        records the load average before and after
     set_threads         the thread count of Numba and PyTorch
     first_call_latency  import and first calls of layernorm.cpu in a fresh process, cold then warm
 
@@ -13,8 +14,9 @@ tolerance (pass: <= 1), so a run shows how far off a provider is rather than sto
 Rounds: in each round every pair runs one batch (calls repeated for about 50 ms, 20 ms when
 quick), in an order rotated from round to round, with a pause between batches so that the
 idle threads of one OpenMP pool stop spinning before the next runs. Per pair, the per-call
-times of the rounds give p50 (p20-p80); speedups are medians over rounds of per-round ratios,
-since the pairs of one round ran under the same machine load.
+times of the rounds give p50 (p20-p80); speedups are medians (with p20-p80) over rounds of
+per-round ratios, since the pairs of one round ran under the same machine load. A provider's
+setup (for ``torch.compile``, the compilation) and its check run before the rounds, untimed.
 
 Bandwidth: GB/s on minimal bytes (:func:`layernorm.cost.minimal_bytes`; their sum for fwd+bwd)
 and that as a fraction of the copy's GB/s (:mod:`layernorm.bench.yardstick`, the same threads,
@@ -197,17 +199,19 @@ def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
         else:
             nbytes = minimal_bytes(op, case.M, case.D, itemsize, norm=case.norm)
         p20, p50, p80 = np.percentile(t, [20, 50, 80])
-        speedup = {
-            peer: float(np.median(np.array(times[(peer, op)]) / t))
-            for peer in backends if peer != name and (peer, op) in times
-        }
+        # per-round ratios: peer's time over this pair's, both timed in the same round
+        ratios = {peer: np.array(times[(peer, op)]) / t  # (rounds,)
+                  for peer in backends if peer != name and (peer, op) in times}
+        speedup = {peer: float(np.median(v)) for peer, v in ratios.items()}
+        speedup_spread = {peer: [float(q) for q in np.percentile(v, [20, 80])]
+                          for peer, v in ratios.items()}
         rows.append({
             **base, "impl": name, "op": op, "reps": reps[(name, op)],
             "p20_ms": p20 * 1e3, "p50_ms": p50 * 1e3, "p80_ms": p80 * 1e3,
             "bytes": nbytes, "gbps": nbytes / p50 / 1e9,
             "frac_copy": nbytes / p50 / 1e9 / copy_gbps,
             "frac_copy_p20_p80": [nbytes / p80 / 1e9 / copy_gbps, nbytes / p20 / 1e9 / copy_gbps],
-            "speedup": speedup,
+            "speedup": speedup, "speedup_p20_p80": speedup_spread,
             "check": None if name == "copy" else checks[name],
         })
     return rows
@@ -224,12 +228,15 @@ def run_bench(cases: list[Case], backends: list[str], rounds: int, quick: bool,
         "command": " ".join(["layernorm", *sys.argv[1:]]),
         "threads": threads(),
         "machine": machine_info(),
+        # other processes share the cores: the 1-minute load average before and after
+        "loadavg": [os.getloadavg()[0]],
     }
     rows = []
     for case in cases:
         for row in bench_case(case, backends, rounds, quick, progress):
             rows.append({**row, "timestamp": meta["timestamp"], "host": meta["host"],
                          "machine": meta["machine"]})
+    meta["loadavg"].append(os.getloadavg()[0])
     return {"meta": meta, "rows": rows}
 
 

@@ -4,10 +4,16 @@
                      the oracle every provider is checked against
     (norm, "fused")  the fused Numba kernels of :mod:`layernorm.cpu`, outputs reused through
                      ``out=``
-    (norm, "torch")  PyTorch's CPU functions with autograd: ``F.layer_norm`` or ``F.rms_norm``,
-                     after ``h = x + residual`` for an add-norm
+    (norm, "torch")  PyTorch's CPU functions with autograd (eager): ``F.layer_norm`` or
+                     ``F.rms_norm``, after ``h = x + residual`` for an add-norm
+    (norm, "layernorm.torch")  this package's PyTorch API with autograd (:mod:`layernorm.torch`:
+                     the fused Numba kernels behind torch's autograd)
+    (norm, "torch.compile")    ``torch.compile`` (inductor, the default backend) of the same
+                     eager function ``torch`` times, compiled once in setup for the case's
+                     shape and dtype; absent where compiling fails on this machine
 
-for every norm of :data:`layernorm.family.NORMS`.
+for every norm of :data:`layernorm.family.NORMS`. :func:`why_not` says, in one line, why a
+backend cannot run here (its library does not import, or compiling fails).
 
 Each provider turns a case's inputs into its operations, ``fwd`` (the forward as in training:
 PyTorch records its graph), ``bwd`` (the backward alone, from one forward's cache or kept
@@ -30,9 +36,9 @@ from ..family import NORMS
 from ..family import norm as family_norm
 
 __all__ = ["BACKENDS", "OPS", "PROVIDERS", "Provider", "available", "inputs", "norms",
-           "outputs", "quantity", "reference"]
+           "outputs", "quantity", "reference", "why_not"]
 
-BACKENDS = ("numpy", "fused", "torch")
+BACKENDS = ("numpy", "fused", "layernorm.torch", "torch", "torch.compile")
 OPS = ("fwd", "bwd", "fwd+bwd")
 
 Ops = dict[str, Callable[[], object]]
@@ -41,10 +47,12 @@ Results = Callable[[], tuple[np.ndarray, ...]]
 
 @dataclass(frozen=True)
 class Provider:
-    """``setup(inputs) -> (ops, results)``; ``needs`` is the library that must import."""
+    """``setup(inputs) -> (ops, results)``; ``needs`` is the module that must import;
+    ``probe() -> reason or None`` (when given) says why the backend cannot run here after all."""
 
     needs: str
     setup: Callable[[dict[str, np.ndarray]], tuple[Ops, Results]]
+    probe: Callable[[], str | None] | None = None
 
 
 def _split(norm: str, a: dict[str, np.ndarray]) -> tuple[list, list, float]:
@@ -121,27 +129,82 @@ def _from_torch(t) -> np.ndarray:
     return t.numpy()
 
 
-def _torch(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
-    """PyTorch's own composition with autograd: ``F.layer_norm`` or ``F.rms_norm``, after
-    ``h = x + residual`` for an add-norm."""
-    import torch
+def _eager(norm: str, d: int, eps: float) -> Callable:
+    """PyTorch's own composition of ``norm`` on (..., ``d``) tensors: ``F.layer_norm`` or
+    ``F.rms_norm``, after ``h = x + residual`` for an add-norm. Takes the forward's arguments
+    (inputs, then parameters); returns (y,) or (y, h)."""
     import torch.nn.functional as F
 
     n = family_norm(norm)
+
+    def forward(*args):
+        if n.residual:
+            h = args[0] + args[1]
+            params = args[2:]
+        else:
+            h, params = args[0], args[1:]
+        y = (F.layer_norm(h, (d,), *params, eps) if n.centred
+             else F.rms_norm(h, (d,), *params, eps))
+        return (y, h) if n.residual else (y,)
+
+    return forward
+
+
+def _ours(norm: str, d: int, eps: float) -> Callable:
+    """``norm`` through :mod:`layernorm.torch`, with :func:`_eager`'s arguments and results."""
+    import layernorm.torch as lt
+
+    n = family_norm(norm)
+    fn = getattr(lt, norm)
+
+    def forward(*args):
+        k = 2 if n.residual else 1
+        out = fn(*args[:k], (d,), *args[k:], eps)
+        return out if n.residual else (out,)
+
+    return forward
+
+
+def _compiled(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
+    """:func:`_eager` under ``torch.compile`` (inductor), whole graph, static shapes, compiled
+    here for the case's shape and dtype (the forward now, the backward at its first call).
+
+    ``bwd`` runs the backward again and again on one kept graph (``retain_graph``), which a
+    compiled backward that reuses its saved tensors' memory ("donated buffers") refuses: it
+    runs with donated buffers off, so that torch compiles it a backward that keeps them.
+    ``fwd+bwd``, the training step, uses torch.compile's defaults.
+    """
+    import torch
+
+    # A fresh start per case: dynamo caches compiled code per code object, so the cases would
+    # otherwise share _eager's cache, recompile up to its limit and then run eager.
+    torch._dynamo.reset()
+    ops, results = _autograd(
+        lambda *args: torch.compile(_eager(*args), fullgraph=True, dynamic=False), norm, a)
+    bwd = ops["bwd"]
+
+    def bwd_on_kept_graph():
+        with torch._functorch.config.patch(donated_buffer=False):
+            return bwd()
+
+    ops["bwd"] = bwd_on_kept_graph
+    return ops, results
+
+
+def _autograd(make: Callable, norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
+    """The ops of a torch function of ``norm`` (``make(norm, d, eps)``, as :func:`_eager`)
+    with autograd: the inputs and parameters are leaves that require grad, the cotangents are
+    dy (and dh for an add-norm); ``bwd`` differentiates one kept graph."""
+    import torch
+
     args, cot, eps = _split(norm, a)
     leaves = [_to_torch(v).requires_grad_(True) for v in args]
     grads_out = [_to_torch(v) for v in cot]
     d = a["x"].shape[-1]
+    fn = make(norm, d, eps)
 
     def forward():
-        if n.residual:
-            h = leaves[0] + leaves[1]
-            params = leaves[2:]
-        else:
-            h, params = leaves[0], leaves[1:]
-        y = (F.layer_norm(h, (d,), *params, eps) if n.centred
-             else F.rms_norm(h, (d,), *params, eps))
-        return (y, h) if n.residual else (y,)
+        return fn(*leaves)
 
     kept = forward()
 
@@ -161,12 +224,38 @@ def _torch(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
     return ops, results
 
 
-_BACKEND_SETUP = {"numpy": ("numpy", _numpy), "fused": ("numba", _fused),
-                  "torch": ("torch", _torch)}
+@functools.cache
+def _compile_probe() -> str | None:
+    """Why ``torch.compile`` (inductor) cannot run here, in one line, or None when it can:
+    compiles a small layer norm's forward and backward (the inductor CPU backend needs a C++
+    compiler)."""
+    import torch
+
+    a = inputs("layer_norm", (2, 8), "float32")
+    try:
+        ops, _ = _compiled("layer_norm", a)
+        for op in OPS:
+            ops[op]()
+    except Exception as exc:  # any failure of the compiler stack makes the backend absent
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        return f"compiling failed ({type(exc).__name__}: {first})"
+    finally:
+        torch._dynamo.reset()
+    return None
+
+
+# backend -> (the module that must import, setup(norm, inputs), probe or None)
+_BACKEND_SETUP = {
+    "numpy": ("numpy", _numpy, None),
+    "fused": ("numba", _fused, None),
+    "layernorm.torch": ("layernorm.torch", functools.partial(_autograd, _ours), None),
+    "torch": ("torch", functools.partial(_autograd, _eager), None),
+    "torch.compile": ("torch", _compiled, _compile_probe),
+}
 
 PROVIDERS: dict[tuple[str, str], Provider] = {
-    (norm, backend): Provider(needs, functools.partial(setup, norm))
-    for norm in NORMS for backend, (needs, setup) in _BACKEND_SETUP.items()
+    (norm, backend): Provider(needs, functools.partial(setup, norm), probe)
+    for norm in NORMS for backend, (needs, setup, probe) in _BACKEND_SETUP.items()
 }
 
 
@@ -175,19 +264,22 @@ def norms() -> list[str]:
     return [n for n in NORMS if any(key[0] == n for key in PROVIDERS)]
 
 
-def available(norm: str = "layer_norm") -> list[str]:
-    """The backends of ``norm`` whose libraries import here, in :data:`BACKENDS` order."""
-    found = []
-    for backend in BACKENDS:
-        provider = PROVIDERS.get((norm, backend))
-        if provider is None:
-            continue
-        try:
-            importlib.import_module(provider.needs)
-        except ImportError:
-            continue
-        found.append(backend)
-    return found
+def why_not(norm: str, backend: str) -> str | None:
+    """Why ``backend`` cannot time ``norm`` here, in one line, or None when it can: no such
+    provider, its module does not import, or its probe fails."""
+    provider = PROVIDERS.get((norm, backend))
+    if provider is None:
+        return f"no {backend} provider for {norm}"
+    try:
+        importlib.import_module(provider.needs)
+    except ImportError as exc:
+        return f"not installed ({exc.name or provider.needs} does not import)"
+    return provider.probe() if provider.probe else None
+
+
+def available(norm: str = "layer_norm", backends: tuple[str, ...] = BACKENDS) -> list[str]:
+    """Those of ``backends`` that can time ``norm`` here, in :data:`BACKENDS` order."""
+    return [b for b in BACKENDS if b in backends and why_not(norm, b) is None]
 
 
 def inputs(norm: str, shape: tuple[int, ...], dtype: str, seed: int = 0

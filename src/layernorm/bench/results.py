@@ -4,6 +4,9 @@
                               bench/results/cpu-<host>-<time>.json
     format_table              every row: p50 (p20-p80), GB/s, fraction of copy, speedups, check
     summary_table             per case: copy GB/s, fused and PyTorch fractions of copy, the goals
+    torch_table               per case: torch eager's and torch.compile's fwd+bwd time over
+                              layernorm.torch's, the goal for the PyTorch API
+    verdict                   met, missed, or noisy: a goal judged at both ends of the spread
     plot_bandwidth            GB/s per case, backend and pass, with the copy and the goals
     format_latency            the first-call latency of a fresh process, cold and warm
 """
@@ -21,10 +24,12 @@ from .._table import render
 from ..family import norm as family_norm
 from .providers import BACKENDS
 
-__all__ = ["BWD_GOAL", "FWD_GOAL", "STEP_GOAL", "default_path", "format_latency",
-           "format_table", "load", "plot_bandwidth", "save", "summary_table"]
+__all__ = ["BWD_GOAL", "FWD_GOAL", "STEP_GOAL", "TORCH_API_GOAL", "default_path",
+           "format_latency", "format_table", "load", "plot_bandwidth", "save", "summary_table",
+           "torch_table", "verdict"]
 
 FWD_GOAL, BWD_GOAL, STEP_GOAL = 0.80, 0.70, 1.5  # fractions of copy; fwd+bwd speedup vs torch
+TORCH_API_GOAL = 1.5  # torch eager's fwd+bwd time over layernorm.torch's
 
 
 def default_path() -> Path:
@@ -89,8 +94,28 @@ def _cases(rows: list[dict]) -> list[tuple]:
     return cases
 
 
+def verdict(lo: float, hi: float, goal: float, fmt: str = "{:.2f}x") -> str:
+    """A goal (at least ``goal``) judged on a measurement's p20-p80 spread ``lo``-``hi``:
+    "met" when even p20 reaches it, "missed" when even p80 falls short, else "noisy: rerun"
+    with the spread, since the run cannot tell."""
+    if lo >= goal:
+        return "met"
+    if hi < goal:
+        return "missed"
+    return f"noisy: rerun ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
+def _ratio(row: dict | None, peer: str) -> tuple[float, float, float] | None:
+    """``peer``'s time over ``row``'s, (p50, p20, p80) over per-round ratios, or None."""
+    if row is None or peer not in row["speedup"]:
+        return None
+    lo, hi = row["speedup_p20_p80"][peer]
+    return row["speedup"][peer], lo, hi
+
+
 def summary_table(rows: list[dict], markdown: bool = False) -> str:
-    """Per case: copy GB/s, fused and PyTorch fractions of copy, fused speedup vs PyTorch."""
+    """Per case: copy GB/s, fused and PyTorch fractions of copy, fused speedup vs PyTorch,
+    and the goals' verdicts (:func:`verdict`)."""
     head = ["norm", "shape", "dtype", "threads", "copy GB/s", "fused fwd", "fused bwd",
             "torch fwd", "torch bwd", "fused/torch fwd+bwd", "goals"]
     body = []
@@ -106,24 +131,47 @@ def summary_table(rows: list[dict], markdown: bool = False) -> str:
             lo, hi = f["frac_copy_p20_p80"]
             return f"{f['frac_copy']:.0%} ({lo:.0%}-{hi:.0%})"
 
-        fw = _find(rows, case, "fused", "fwd")
-        bw = _find(rows, case, "fused", "bwd")
-        st = _find(rows, case, "fused", "fwd+bwd")
-        speed = st["speedup"].get("torch") if st else None
         goals = []
-        if fw:
-            goals.append("fwd " + ("met" if fw["frac_copy"] >= FWD_GOAL else "missed"))
-        if bw:
-            goals.append("bwd " + ("met" if bw["frac_copy"] >= BWD_GOAL else "missed"))
-        if speed is not None:
-            goals.append("speedup " + ("met" if speed >= STEP_GOAL else "missed"))
+        for op, goal in (("fwd", FWD_GOAL), ("bwd", BWD_GOAL)):
+            f = _find(rows, case, "fused", op)
+            if f:
+                goals.append(f"{op} " + verdict(*f["frac_copy_p20_p80"], goal, "{:.0%}"))
+        speed = _ratio(_find(rows, case, "fused", "fwd+bwd"), "torch")
+        if speed:
+            goals.append("speedup " + verdict(*speed[1:], STEP_GOAL))
         body.append([
             _title(r), "x".join(map(str, r["shape"])), r["dtype"], str(r["threads"]),
             f"{r['copy_gbps']:.1f}", frac("fused", "fwd"), frac("fused", "bwd"),
             frac("torch", "fwd"), frac("torch", "bwd"),
-            "-" if speed is None else f"{speed:.2f}x", ", ".join(goals),
+            "-" if speed is None else f"{speed[0]:.2f}x", ", ".join(goals),
         ])
     return render(head, body, markdown)
+
+
+def torch_table(rows: list[dict], markdown: bool = False) -> str:
+    """Per case timed with ``layernorm.torch``: torch eager's and torch.compile's fwd+bwd time
+    over layernorm.torch's, p50 (p20-p80) of per-round ratios, and the goal: torch eager's over
+    ours >= :data:`TORCH_API_GOAL` (:func:`verdict`; a result failing its check meets nothing).
+    Empty when no case has both layernorm.torch and torch rows."""
+    head = ["norm", "shape", "dtype", "threads", "layernorm.torch fwd+bwd ms",
+            "torch / layernorm.torch", "torch.compile / layernorm.torch",
+            f"goal >= {TORCH_API_GOAL}x torch"]
+    body = []
+    for case in _cases(rows):
+        ours = _find(rows, case, "layernorm.torch", "fwd+bwd")
+        eager = _ratio(ours, "torch")
+        if eager is None:
+            continue
+        compiled = _ratio(ours, "torch.compile")
+        ratios = ["-" if q is None else f"{q[0]:.2f}x ({q[1]:.2f}-{q[2]:.2f})"
+                  for q in (eager, compiled)]
+        goal = (verdict(*eager[1:], TORCH_API_GOAL) if ours["check"] <= 1
+                else f"fails its check ({ours['check']:.1f}x tol)")
+        body.append([
+            _title(ours), "x".join(map(str, ours["shape"])), ours["dtype"], str(ours["threads"]),
+            f"{ours['p50_ms']:.3f} ({ours['p20_ms']:.3f}-{ours['p80_ms']:.3f})", *ratios, goal,
+        ])
+    return render(head, body, markdown) if body else ""
 
 
 def plot_bandwidth(rows: list[dict], path: Path) -> Path:

@@ -1,14 +1,17 @@
 """``layernorm bench``: time the family's implementations against this machine's copy bandwidth.
 
-Norms: every member of the family (``--norm`` picks). Implementations: the NumPy reference
-(``numpy``), the fused Numba kernels of :mod:`layernorm.cpu` (``fused``, outputs reused through
-``out=``) and PyTorch's CPU functions with autograd (``torch``: ``F.layer_norm`` or
-``F.rms_norm``, after ``x + residual`` for an add-norm), each when installed. Each is
-checked against the float64 reference (tolerances from :mod:`layernorm.tolerances`) before it
-is timed: the check column shows "ok" or the worst error in multiples of the tolerance (the
-command fails only for this package's implementations). Operations: ``fwd`` (the forward as
-in training: PyTorch records its graph), ``bwd`` (the backward alone: PyTorch's
-``autograd.grad`` on a kept graph) and ``fwd+bwd`` (one training step, timed as a unit).
+Norms: every member of the family (``--norm`` picks). Implementations (``--impl`` picks; by
+default every one that runs here): the NumPy reference (``numpy``), the fused Numba kernels
+of :mod:`layernorm.cpu` (``fused``, outputs reused through ``out=``), this package's PyTorch
+API with autograd (``layernorm.torch``), PyTorch's CPU functions with autograd (``torch``:
+``F.layer_norm`` or ``F.rms_norm``, after ``x + residual`` for an add-norm) and the same
+function under ``torch.compile`` (``torch.compile``: inductor, compiled once per case before
+the timing; left out, with the reason, where compiling fails here). Each is checked against
+the float64 reference (tolerances from :mod:`layernorm.tolerances`) before it is timed: the
+check column shows "ok" or the worst error in multiples of the tolerance (the command fails
+only for this package's implementations). Operations: ``fwd`` (the forward as in training:
+PyTorch records its graph), ``bwd`` (the backward alone: PyTorch's ``autograd.grad`` on a
+kept graph) and ``fwd+bwd`` (one training step, timed as a unit).
 
 Method (:mod:`layernorm.bench.harness`): every (implementation, operation) pair and a copy
 run in interleaved rounds of batches of about 50 ms (20 ms with --quick); p50 (p20-p80) over
@@ -16,7 +19,8 @@ the rounds, speedups as medians of per-round ratios. Bandwidth: GB/s on minimal 
 (each (M, D) input read once and each output written once: :func:`layernorm.cost.minimal_bytes`;
 their sum for fwd+bwd), and that as a
 fraction of a copy of x's size with the same threads (:mod:`layernorm.bench.yardstick`).
-The run is saved as JSON (:mod:`layernorm.bench.results`). ``--device cuda`` runs the GPU
+Goals (:mod:`layernorm.bench.results`) are judged at both ends of the p20-p80 spread: met,
+missed, or "noisy: rerun". The run is saved as JSON. ``--device cuda`` runs the GPU
 benchmark instead (:mod:`layernorm.bench.gpu`).
 """
 
@@ -30,9 +34,15 @@ from .. import _validate
 from ..bench import gpu, providers, results
 from ..bench.harness import STANDARD_SHAPES, Case, first_call_latency, run_bench, set_threads
 from ..dtypes import NAMES
+from . import one_line_errors
 
-__all__ = ["add_arguments", "gpu_report_section", "parse_shape", "report_section", "run",
-           "run_cuda"]
+__all__ = ["OURS", "REPORT_SHAPES", "add_arguments", "gpu_report_section", "parse_shape",
+           "report_section", "run", "run_cuda"]
+
+OURS = ("numpy", "fused", "layernorm.torch")  # this package's: a failed check fails the command
+# The report's short set, two of STANDARD_SHAPES: one within a 32 MB last-level cache (float32)
+# and one beyond it; each case also compiles torch.compile's function.
+REPORT_SHAPES: tuple[tuple[int, ...], ...] = ((8, 512, 768), (4, 1024, 4096))
 
 
 class Progress:
@@ -74,7 +84,19 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _at_least_one(text: str) -> int:
+    """An integer >= 1, for argparse (--rounds, --threads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    one_line_errors(parser)
     parser.add_argument("--shape", action="append", type=parse_shape,
                         help="shape like 4096x1024 (repeatable; replaces the standard shapes "
                              + ", ".join("x".join(map(str, s)) for s in STANDARD_SHAPES) + ")")
@@ -83,11 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--norm", action="append", choices=providers.norms(),
                         help="norm (repeatable; default: every norm of the family)")
     parser.add_argument("--impl", action="append", choices=providers.BACKENDS,
-                        help="implementation (repeatable; default: all installed)")
-    parser.add_argument("--threads", type=int, help="threads for Numba and PyTorch "
+                        help="implementation (repeatable; default: every one that runs here)")
+    parser.add_argument("--threads", type=_at_least_one, help="threads for Numba and PyTorch "
                         "(default: Numba's default, all cores)")
-    parser.add_argument("--rounds", type=int, help="rounds of interleaved batches (default 9, "
-                        "5 with --quick)")
+    parser.add_argument("--rounds", type=_at_least_one, help="rounds of interleaved batches "
+                        "(default 9, 5 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter batches")
     parser.add_argument("--out", type=Path, help="JSON file (default bench/results/"
                         "cpu-<host>-<time>.json)")
@@ -95,25 +117,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu (layernorm.bench.harness) or cuda (layernorm.bench.gpu)")
 
 
+def _runnable(norm: str, wanted: list[str]) -> list[str]:
+    """Those of ``wanted`` that run here, in :data:`~layernorm.bench.providers.BACKENDS`
+    order, each once; one line on stderr for each one left out, with the reason."""
+    impls = []
+    for impl in providers.BACKENDS:
+        if impl not in wanted:
+            continue
+        reason = providers.why_not(norm, impl)
+        if reason is None:
+            impls.append(impl)
+        else:
+            print(f"layernorm bench: {impl} left out: {reason}", file=sys.stderr)
+    return impls
+
+
 def run(args: argparse.Namespace) -> int:
     if args.device == "cuda":
         return run_cuda(args)
-    if args.rounds is not None and args.rounds < 1:
-        raise SystemExit(f"layernorm bench: --rounds must be >= 1, got {args.rounds}")
     if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit(f"layernorm bench: --threads must be >= 1, got {args.threads}")
         try:
             set_threads(args.threads)
-        except ValueError as exc:
-            raise SystemExit(f"layernorm bench: --threads {args.threads}: {exc}") from None
+        except ValueError as exc:  # more than Numba's NUMBA_NUM_THREADS
+            print(f"layernorm bench: --threads {args.threads}: {exc}", file=sys.stderr)
+            return 2
     norms = args.norm or providers.norms()
-    found = providers.available(norms[0])
-    wanted = args.impl or providers.BACKENDS
-    impls = [i for i in wanted if i in found]
-    missing = [i for i in wanted if i not in found]
-    if missing:
-        print(f"not installed, skipped: {', '.join(missing)}", file=sys.stderr)
+    impls = _runnable(norms[0], args.impl or list(providers.BACKENDS))
+    if not impls:
+        print("layernorm bench: none of the implementations asked for runs here",
+              file=sys.stderr)
+        return 2
     cases = [Case(s, d, n) for n in norms for s in (args.shape or STANDARD_SHAPES)
              for d in (args.dtype or ["float32"])]
     rounds = args.rounds or (5 if args.quick else 9)
@@ -121,18 +154,25 @@ def run(args: argparse.Namespace) -> int:
     if "fused" in impls:
         result["meta"]["first_call"] = first_call_latency()
     rows = result["rows"]
+    load = " to ".join(f"{v:.1f}" for v in result["meta"]["loadavg"])
     print(f"layernorm bench: {result['meta']['threads']} threads, {rounds} rounds, "
-          f"copy = {rows[0]['copy']}; p50 (p20-p80) over rounds\n")
+          f"copy = {rows[0]['copy']}, load average {load}; p50 (p20-p80) over rounds\n")
     print(results.format_table(rows))
     print()
     print(results.summary_table(rows))
+    api = results.torch_table(rows)
+    if api:
+        print(f"\nPyTorch API: fwd+bwd time of torch (eager) and torch.compile over "
+              f"layernorm.torch's, p50 (p20-p80) of per-round ratios; goal >= "
+              f"{results.TORCH_API_GOAL}x torch\n")
+        print(api)
     if "first_call" in result["meta"]:
         print("\n" + results.format_latency(result["meta"]["first_call"]))
     out = results.save(result, args.out or results.default_path())
     print(f"\nsaved {out}")
     # PyTorch sums dgamma/dbeta in float32, outside the float32 tolerance at large M: shown in
     # the check column, not a failure of this package.
-    failed = [r for r in rows if r["impl"] in ("numpy", "fused") and r["check"] > 1]
+    failed = [r for r in rows if r["impl"] in OURS and r["check"] > 1]
     return 1 if failed else 0
 
 
@@ -167,8 +207,9 @@ def run_cuda(args: argparse.Namespace) -> int:
 
 
 def report_section(ctx: object) -> str:
-    """A short benchmark: the summary and full tables, and a bandwidth plot in ctx.outdir."""
-    cases = [Case(s, "float32", n) for n in providers.norms() for s in STANDARD_SHAPES]
+    """A short benchmark on :data:`REPORT_SHAPES`: the summary, PyTorch API and full tables,
+    and a bandwidth plot in ctx.outdir."""
+    cases = [Case(s, "float32", n) for n in providers.norms() for s in REPORT_SHAPES]
     backends = providers.available()
     result = _run_bench(cases, backends, 3 if ctx.quick else 5, quick=True)
     rows = result["rows"]
@@ -176,20 +217,32 @@ def report_section(ctx: object) -> str:
     result["meta"]["first_call"] = latency
     results.save(result, ctx.outdir / "bench_cpu.json")
     png = results.plot_bandwidth(rows, ctx.outdir / "bench_cpu_bandwidth.png")
+    left_out = [f"`{b}` ({providers.why_not('layer_norm', b)})"
+                for b in providers.BACKENDS if b not in backends]
+    api = results.torch_table(rows, markdown=True)
     return (
-        f"Fused Numba kernels (`layernorm.cpu`) for every norm of the family against the NumPy "
-        f"reference and PyTorch's CPU functions with autograd (`F.layer_norm`, `F.rms_norm`, "
-        f"after `x + residual` for the add-norms), {result['meta']['threads']} threads, "
-        f"float32. Bandwidth is GB/s on minimal bytes (each (M, D) input read once, each output "
+        f"Fused Numba kernels (`layernorm.cpu`) and this package's PyTorch API on them "
+        f"(`layernorm.torch`, with autograd) for every norm of the family, against the NumPy "
+        f"reference, PyTorch's CPU functions with autograd (`torch`: `F.layer_norm`, "
+        f"`F.rms_norm`, after `x + residual` for the add-norms) and the same functions under "
+        f"`torch.compile` (inductor, compiled before the timing), "
+        f"{result['meta']['threads']} threads, float32, shapes "
+        + ", ".join("x".join(map(str, s)) for s in REPORT_SHAPES)
+        + (f"; left out here: {', '.join(left_out)}" if left_out else "")
+        + f". Bandwidth is GB/s on minimal bytes (each (M, D) input read once, each output "
         f"written once: `layernorm.cost.minimal_bytes`) over the copy bandwidth "
         f"measured in the same run (`{rows[0]['copy']}`); p50 over interleaved rounds, with "
         f"p20-p80 in brackets. Goals: forward >= {results.FWD_GOAL:.0%} and backward >= "
-        f"{results.BWD_GOAL:.0%} of copy, fwd+bwd >= {results.STEP_GOAL}x PyTorch. A short run: "
+        f"{results.BWD_GOAL:.0%} of copy, fused fwd+bwd >= {results.STEP_GOAL}x PyTorch, and "
+        f"fwd+bwd through `layernorm.torch` >= {results.TORCH_API_GOAL}x PyTorch's own; each "
+        f"judged at both p20 and p80, \"noisy: rerun\" where they disagree. A short run: "
         f"reproduce with `layernorm bench` (results in `bench/results/`). The check column "
         f"compares each result with the float64 reference under `layernorm.tolerances`; "
         f"PyTorch's float32 dgamma/dbeta are summed in float32 and fall outside the float32 "
         f"'param' tolerance, which assumes float64 accumulation (shown, not failed).\n\n"
         + results.summary_table(rows, markdown=True)
+        + (f"\n\nThe PyTorch API: fwd+bwd time of `torch` and `torch.compile` over "
+           f"`layernorm.torch`'s (p50 and p20-p80 of per-round ratios).\n\n{api}" if api else "")
         + ("" if latency is None else "\n\nCompiled kernels are cached on disk; "
            + results.format_latency(latency) + ".")
         + f"\n\n![bandwidth]({png.name})\n\n<details><summary>All rows</summary>\n\n"
