@@ -697,9 +697,9 @@ def unavailable() -> str | None:
 
 def measure(dtypes: Sequence[str], shapes: Sequence[tuple[int, int]], rounds: int,
             norms: Iterable[str] | None = None, out: Path | str | None = None
-            ) -> tuple[list[dict[str, Any]], list[str], str]:
+            ) -> tuple[list[dict[str, Any]], list[str], str, Path]:
     """Rows for every dtype (names of :data:`GPU_DTYPES`), (M, N) and norm (default: the
-    family), the problems found, and the device's name. Rows are written to
+    family), the problems found, the device's name and the results file: rows are written to
     :func:`results_file` of ``out`` as they come and progress is printed. Needs
     :func:`unavailable` to be None."""
     import torch
@@ -708,6 +708,6 @@ def measure(dtypes: Sequence[str], shapes: Sequence[tuple[int, int]], rounds: in
     for n in norms:
         family.norm(n)
     device = torch.cuda.get_device_name()
-    rows, problems = sweep(CudaSession(rounds), device, dtypes, shapes, norms,
-                           results_file(out, device))
-    return rows, problems, device
+    path = results_file(out, device)
+    rows, problems = sweep(CudaSession(rounds), device, dtypes, shapes, norms, path)
+    return rows, problems, device, path
