@@ -151,10 +151,12 @@ def make_case(norm: str, M: int, D: int, dtype: str, *, seed: int = 0, eps: floa
                 _torch_dtype(h_dtype) if h_dtype and n.residual else None)
 
 
-def assert_matches_oracle(case: Case, float64_oracle, *, rows_scaled: bool = False) -> dict:
+def assert_matches_oracle(case: Case, float64_oracle, *, rows_scaled: bool = False,
+                          floor: float = 0.0) -> dict:
     """Every result of ``case`` within the table of the oracle's (scaled by the size of its
-    terms, per row for y, dx and dresidual when ``rows_scaled``: rows of very different sizes),
-    in the right dtype and shape; returns our results."""
+    terms, per row for y, dx and dresidual when ``rows_scaled``: rows of very different sizes;
+    ``floor`` as for :func:`layernorm.tolerances.compare`), in the right dtype and shape;
+    returns our results."""
     got, _, _ = case.run()
     o = case.oracle(float64_oracle)
     assert got.keys() == o.results.keys()
@@ -177,10 +179,11 @@ def assert_matches_oracle(case: Case, float64_oracle, *, rows_scaled: bool = Fal
                 row = dataclasses.replace(o, xhat=o.xhat[one], rstd=o.rstd[one], dy=o.dy[one],
                                           dh=o.dh[one])
                 size = family_scales(row)[name]
-                tolerances.assert_close(a[r], want[r], dt, quantity, scale=size,
+                tolerances.assert_close(a[r], want[r], dt, quantity, scale=size, floor=floor,
                                         name=f"{name}[{r}]")
         else:
-            tolerances.assert_close(a, want, dt, quantity, scale=sizes[name], name=name)
+            tolerances.assert_close(a, want, dt, quantity, scale=sizes[name], floor=floor,
+                                    name=name)
     return got
 
 
@@ -308,7 +311,7 @@ def test_dh_absent_or_present(name, path, check):
 # --- layouts, M = 0 ---------------------------------------------------------------------------
 
 
-def _strided(t: torch.Tensor | None) -> torch.Tensor | None:
+def strided(t: torch.Tensor | None) -> torch.Tensor | None:
     """The same values as rows of a wider tensor: row stride 2 * D + 3, unit column stride."""
     if t is None:
         return None
@@ -324,14 +327,14 @@ def test_row_strides(name, path):
     given back to the backward): bitwise the results of contiguous copies."""
     case = make_case(name, 5, path, "float32")
     want, mean, rstd = case.run()
-    strided = Case(**{**case.__dict__, **{k: _strided(getattr(case, k))
-                                         for k in ("x", "residual", "dy", "dh")}})
-    got, _, _ = strided.run()
+    laid_out = Case(**{**case.__dict__, **{k: strided(getattr(case, k))
+                                          for k in ("x", "residual", "dy", "dh")}})
+    got, _, _ = laid_out.run()
     for k in want:
         assert torch.equal(got[k], want[k]), k
     n = NORMS[name]
-    xn = _strided(want["h"] if n.residual else case.x)
-    dx, *_ = kernels.backward(_strided(case.dy), _strided(case.dh), xn, case.weight, case.bias,
+    xn = strided(want["h"] if n.residual else case.x)
+    dx, *_ = kernels.backward(strided(case.dy), strided(case.dh), xn, case.weight, case.bias,
                               mean, rstd, centred=n.centred, x_dtype=case.x.dtype,
                               residual_dtype=case.x.dtype if n.residual else None)
     assert torch.equal(dx, want["dx"])
