@@ -1,8 +1,15 @@
-"""Compile every kernel plan ahead of time for an NVIDIA target, without a GPU, and report the
-registers, stack (spills) and shared memory per thread block.
+"""Compile every kernel launch of the family ahead of time for an NVIDIA target, without a GPU,
+and report the registers, stack (spills) and shared memory per thread block.
 
-    python tools/compile_kernels.py [sm]     # a table; sm defaults to 90 (H100)
-    python tools/compile_kernels.py 90 --json
+    python tools/compile_kernels.py [sm] [--json]   # sm defaults to 90 (H100)
+
+Each kernel is compiled the way a launch compiles it: the launchers (kernels.forward and
+kernels.backward) are called on meta tensors of typical shapes (M = 4096 rows; D from 1 to
+past the long-row limits) with the kernels' launches captured, and each captured launch goes
+through Triton's own launch-time specialization (the JIT's binder: 16-byte-aligned pointers
+and integers divisible by 16 get ``tt.divisibility`` = 16, integers equal to 1 become
+constants) before it is compiled for sm_<sm>; :func:`cases` lists the shapes. Identical
+specializations are compiled once.
 
 Triton ships ptxas and cuobjdump, so this needs only the triton wheel. It must run without
 TRITON_INTERPRET (the interpreter's kernels cannot be compiled); tests/gpu/test_gpu_compile.py
@@ -18,96 +25,148 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
 
+from layernorm.family import NORMS
 from layernorm.gpu import kernels as K
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                          "cuobjdump")
-_POINTERS_F32 = {"MEAN", "RSTD", "COEF", "DW_PART", "DB_PART"}
-_POINTERS_DATA = {"X", "Y", "DY", "DX", "W", "B", "DW", "DB"}
+M = 4096  # rows of every launch: a typical batch, a multiple of 16
+SMS = 132  # streaming multiprocessors of an H100 SXM (the backward's program count uses it)
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+KERNELS = {  # the label of each kernel in the table
+    K._fwd_short_kernel: "fwd short",
+    K._fwd_long_kernel: "fwd long",
+    K._bwd_short_kernel: "bwd short",
+    K._bwd_long_rowstats_kernel: "bwd long row stats",
+    K._bwd_long_dx_kernel: "bwd long dx",
+    K._sum_partials_kernel: "sum partials",
+}
 
 
-def _signature(kernel: triton.JITFunction, dtype: str, constexprs: dict) -> dict:
-    sig = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in _POINTERS_F32:
-            sig[name] = "*fp32"
-        elif name in _POINTERS_DATA:
-            sig[name] = f"*{dtype}"
-        else:
-            sig[name] = "fp32" if name == "eps" else "i32"
-    return sig
+def cases() -> list[tuple[str, str, int]]:
+    """(norm, dtype, D) of the launches compiled: every norm in bfloat16 and float32 at the
+    largest short tiles of both passes (D = MAX_SHORT_D_BWD and MAX_SHORT_D_FWD, where the
+    backward is long) and on a long row; packed small rows (D = 1 and 256, LayerNorm only:
+    the tiles hold as many elements); float64 (half-size plans) for LayerNorm and its
+    add-norm, the heaviest variants, at the same three points."""
+    wide = [K.MAX_SHORT_D_BWD // 2, K.MAX_SHORT_D_FWD // 2, K.MAX_SHORT_D_FWD]
+    out = [(norm, dtype, D) for dtype in ("bf16", "fp32") for norm in NORMS
+           for D in (K.MAX_SHORT_D_BWD, K.MAX_SHORT_D_FWD, 2 * K.MAX_SHORT_D_FWD)]
+    out += [("layer_norm", "bf16", 1), ("layer_norm", "bf16", 256)]
+    out += [(norm, "fp64", D) for norm in ("layer_norm", "add_layer_norm") for D in wide]
+    return out
 
 
-def resource_usage(kernel: triton.JITFunction, dtype: str, constexprs: dict, num_warps: int,
-                   sm: int) -> dict:
-    """Compile one specialization for sm_<sm>; its REG, STACK, SHARED and LOCAL per thread.
-    Constexprs the kernel does not take are dropped."""
-    constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}
-    src = triton.compiler.ASTSource(fn=kernel, signature=_signature(kernel, dtype, constexprs),
-                                    constexprs=constexprs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", sm, 32),
-                              options={"num_warps": num_warps})
+def _tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def captured_launches(norm: str, dtype: str, D: int) -> list[tuple]:
+    """(kernel, args, kwargs) of each launch the launchers make for ``norm`` on (M, D) ``dtype``
+    meta tensors: forward, then backward with the forward's outputs."""
+    n = NORMS[norm]
+    dt = DTYPES[dtype]
+    x = _tensor((M, D), dt)
+    residual = _tensor((M, D), dt) if n.residual else None
+    weight = _tensor((D,), dt)
+    bias = _tensor((D,), dt) if n.centred else None
+    launches = []
+
+    def capture(kernel):
+        def run(*args, grid, warmup, **kwargs):
+            launches.append((kernel, args, kwargs))
+        return run
+
+    saved = {k: k.__dict__.get("run") for k in KERNELS}
+    for k in KERNELS:
+        k.run = capture(k)  # kernel[grid](...) calls self.run
+    try:
+        _y, h, mean, rstd = K.forward(x, residual, weight, bias, 1e-5, centred=n.centred)
+        xn = h if n.residual else x
+        dh = _tensor((M, D), dt) if n.residual else None
+        K.backward(_tensor((M, D), dt), dh, xn, weight, bias, mean, rstd, centred=n.centred,
+                   x_dtype=dt if n.residual else None, residual_dtype=dt if n.residual else None)
+    finally:
+        for k, run in saved.items():
+            if run is None:
+                del k.run
+            else:
+                k.run = run
+    return launches
+
+
+def launches() -> list[tuple[str, tuple, dict]]:
+    """(label, (kernel, args, kwargs), dtype) of every launch to compile, in table order."""
+    K._sm_count = lambda device: SMS
+    out = []
+    for norm, dtype, D in cases():
+        for kernel, args, kwargs in captured_launches(norm, dtype, D):
+            out.append((f"{KERNELS[kernel]} {norm} D={D}", (kernel, args, kwargs), dtype))
+    return out
+
+
+def compile_launch(kernel, args: tuple, kwargs: dict, sm: int):
+    """Compile one captured launch for sm_<sm> with the launch-time specialization."""
+    target = GPUTarget("cuda", sm, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
+                                                              specialization, options)
+    src = ASTSource(kernel, signature, constexprs, attrs)
+    key = (kernel.fn.__name__, str(sorted(signature.items())), str(sorted(constexprs.items())),
+           str(sorted(attrs.items())), options.num_warps)
+    return key, lambda: triton.compile(src, target=target, options=options.__dict__)
+
+
+# PTX instructions that are not correctly rounded, or flush subnormals to zero: the kernels'
+# divisions and square roots must be none of them (kernels.py, module docstring, item 2).
+INEXACT = re.compile(r"\b(?:div|sqrt|rsqrt|rcp)\.(?:full|approx)[\w.]*"
+                     r"|\b\w+(?:\.\w+)*\.ftz\b[\w.]*")
+
+
+def resource_usage(compiled) -> dict:
+    """REG, STACK, SHARED and LOCAL per thread of a compiled kernel, from cuobjdump, and the
+    inexact instructions in its PTX (INEXACT)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
         out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True,
                              text=True, check=True).stdout
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
-    return dict(zip(("reg", "stack", "shared", "local"), map(int, found.groups()), strict=True))
+    usage = dict(zip(("reg", "stack", "shared", "local"), map(int, found.groups()), strict=True))
+    return {**usage, "inexact": sorted(set(INEXACT.findall(compiled.asm["ptx"])))}
 
 
-def plans() -> list[tuple[str, triton.JITFunction, dict, int]]:
-    """(label, kernel, constexprs, num_warps) of every launch the launchers make, at the row
-    lengths where a plan's tiles are largest (each plan's register high-water mark)."""
-    flags = {"HAS_W": True, "HAS_B": True}
-    absent = {"HAS_W": False, "HAS_B": False, "W": None, "B": None}  # None pointers
-    out = []
-    for D in (1, 256, 1024, K.MAX_SHORT_D_FWD):
-        p = K.plan("fwd", D)
-        out.append((f"fwd short D={D}", K._fwd_short_kernel,
-                    {**flags, "ROWS": p.rows, "BLOCK_D": p.block}, p.num_warps))
-    p = K.plan("fwd", K.MAX_SHORT_D_FWD + 1)
-    out.append(("fwd long", K._fwd_long_kernel, {**flags, "BLOCK": p.block}, p.num_warps))
-    for D in (256, 1024, K.MAX_SHORT_D_BWD):
-        p = K.plan("bwd", D)
-        out.append((f"bwd short D={D}", K._bwd_short_kernel,
-                    {**flags, "ROWS": p.rows, "BLOCK_D": p.block}, p.num_warps))
-    p = K.plan("bwd", K.MAX_SHORT_D_BWD + 1)
-    out.append(("bwd long row stats", K._bwd_long_rowstats_kernel,
-                {"HAS_W": True, "BLOCK": p.block}, p.num_warps))
-    out.append(("bwd long dx", K._bwd_long_dx_kernel, {**flags, "BLOCK": p.block}, p.num_warps))
-    p = K.plan("fwd", 1024)
-    out.append(("fwd short no affine", K._fwd_short_kernel,
-                {**absent, "ROWS": p.rows, "BLOCK_D": p.block}, p.num_warps))
-    p = K.plan("bwd", 1024)
-    out.append(("bwd short no affine", K._bwd_short_kernel,
-                {**absent, "DW_PART": None, "DB_PART": None, "ROWS": p.rows, "BLOCK_D": p.block},
-                p.num_warps))
-    out.append(("sum partials", K._sum_partials_kernel,
-                {**flags, "BLOCK_P": K.REDUCE_BLOCK_P, "BLOCK_N": K.REDUCE_BLOCK_N},
-                K.REDUCE_NUM_WARPS))
-    return out
+def table(sm: int) -> list[dict]:
+    """One row per distinct launch: label, dtype, num_warps and resource usage on sm_<sm>."""
+    rows, seen = [], set()
+    for label, (kernel, args, kwargs), dtype in launches():
+        key, build = compile_launch(kernel, args, kwargs, sm)
+        if key not in seen:
+            seen.add(key)
+            rows.append({"kernel": label, "dtype": dtype, "num_warps": kwargs.get("num_warps"),
+                         **resource_usage(build())})
+    return rows
 
 
 def main(argv: list[str]) -> int:
     sm = int(argv[0]) if argv and argv[0].isdigit() else 90
-    rows = []
-    for dtype in ("bf16", "fp32"):
-        for label, kernel, constexprs, num_warps in plans():
-            usage = resource_usage(kernel, dtype, constexprs, num_warps, sm)
-            rows.append({"kernel": label, "dtype": dtype, "num_warps": num_warps, **usage})
+    rows = table(sm)
     if "--json" in argv:
         print(json.dumps(rows))
     else:
         print(f"sm_{sm}: registers, stack (spills) and shared memory per thread block")
         for r in rows:
-            print(f"{r['kernel']:<22} {r['dtype']:<5} warps {r['num_warps']:>2}  reg {r['reg']:>3}"
-                  f"  stack {r['stack']:>4}  local {r['local']:>3}  shared {r['shared']:>5}")
+            print(f"{r['kernel']:<46} {r['dtype']:<5} warps {r['num_warps']:>2}  reg {r['reg']:>3}"
+                  f"  stack {r['stack']:>4}  local {r['local']:>3}  shared {r['shared']:>5}"
+                  + (f"  inexact {' '.join(r['inexact'])}" if r["inexact"] else ""))
     return 0
 
 

@@ -1,391 +1,600 @@
-"""The fused Triton kernels and their PyTorch API against the NumPy reference.
+"""The Triton kernels of the family (layernorm.gpu.kernels) through their launchers, against the
+float64 oracle of the definition on the same rounded inputs.
 
 On a machine with CUDA these run on the GPU; otherwise in Triton's interpreter on CPU tensors
 (conftest.py sets TRITON_INTERPRET=1), with shapes kept small because the interpreter is slow.
-Every comparison is with the float64 reference on the same rounded inputs, with tolerances from
-layernorm.tolerances.
+Long rows are tested on small shapes by lowering the plan limits (the ``path`` fixture).
+Tolerances come from layernorm.tolerances: y, h, dx and dresidual are "out" results, dw and db
+sums over rows ("gpu-param": float32 partial sums; float64 data sums in float64, "param").
 """
 
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from fuzzing import family_scales  # noqa: E402
 
 from layernorm import tolerances  # noqa: E402
-from layernorm.gpu import LayerNorm, kernels, layer_norm, ops  # noqa: E402
-from layernorm.reference import layer_norm_backward, layer_norm_forward  # noqa: E402
+from layernorm.dtypes import DTYPES, resolve  # noqa: E402
+from layernorm.family import NORMS, Norm  # noqa: E402
+from layernorm.gpu import kernels  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+SHORT_D, LONG_D = 37, 100  # a ragged row packed several a tile; a long row of ragged blocks
+
+# Drawn extremes may have a true result beyond a dtype's range (inf), and Triton's interpreter
+# computes masked-out lanes too: NumPy warns of both.
+OVERFLOW_IS_AN_ANSWER = pytest.mark.filterwarnings(
+    "ignore:(overflow|invalid value|divide by zero) encountered")
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
 
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _inputs(M, D, dtype, seed=0, offset=0.0, scale=1.0, param_dtype=None):
-    """x, weight, bias, dy on DEVICE, drawn in float32 and rounded to ``dtype``."""
+def _numpy(t: torch.Tensor | None) -> np.ndarray | None:
+    """The same values in a NumPy array of the same dtype (bfloat16 from ml_dtypes)."""
+    if t is None:
+        return None
+    if t.dtype == torch.bfloat16:
+        return t.detach().float().cpu().numpy().astype(resolve("bfloat16"))
+    return t.detach().cpu().numpy()
+
+
+def _compute(dtype: torch.dtype) -> str:
+    return "float64" if dtype == torch.float64 else "float32"
+
+
+def _coarser(*names: str) -> str:
+    """The least precise of the dtypes named."""
+    return min(names, key=lambda n: DTYPES[n].significand_bits)
+
+
+@dataclass
+class Case:
+    """One problem: a norm's inputs as tensors on DEVICE, and the flags of its launch."""
+
+    norm: Norm
+    x: torch.Tensor
+    residual: torch.Tensor | None
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    dy: torch.Tensor
+    dh: torch.Tensor | None
+    eps: float
+    zero_centered_gamma: bool = False
+    h_dtype: torch.dtype | None = None
+
+    @property
+    def xn_dtype(self) -> torch.dtype:
+        """The dtype of what is normalized: h's, or x's."""
+        return (self.h_dtype or self.x.dtype) if self.norm.residual else self.x.dtype
+
+    def run(self) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """Our forward and backward through the launchers: results keyed as the oracle's, and
+        the saved mean and rstd."""
+        n = self.norm
+        y, h, mean, rstd = kernels.forward(
+            self.x, self.residual, self.weight, self.bias, self.eps, centred=n.centred,
+            zero_centered_gamma=self.zero_centered_gamma, h_dtype=self.h_dtype)
+        dx, dr, dw, db = kernels.backward(
+            self.dy, self.dh, h if n.residual else self.x, self.weight, self.bias, mean, rstd,
+            centred=n.centred, zero_centered_gamma=self.zero_centered_gamma,
+            x_dtype=self.x.dtype if n.residual else None,
+            residual_dtype=self.residual.dtype if n.residual else None)
+        got = {"y": y, "h": h, "dx": dx, "dresidual": dr, "dgamma": dw, "dbeta": db}
+        keep = ("y", *n.forward_outputs[1:], "dx", *n.backward_outputs[1:], "dgamma",
+                *(("dbeta",) if n.centred else ()))
+        return {k: got[k] for k in keep}, mean, rstd
+
+    def oracle(self, float64_oracle):
+        """The float64 oracle (tests/conftest.py) on the same rounded inputs."""
+        args = [_numpy(self.x)] + ([_numpy(self.residual)] if self.norm.residual else [])
+        args += [_numpy(self.weight)] + ([_numpy(self.bias)] if self.norm.centred else [])
+        cot = [_numpy(self.dy)] + ([_numpy(self.dh)] if self.norm.residual else [])
+        kw = {"residual_dtype": _name(self.h_dtype)} if self.norm.residual and self.h_dtype \
+            else {}
+        return float64_oracle(self.norm, args, cot, eps=self.eps,
+                              zero_centered_gamma=self.zero_centered_gamma, **kw)
+
+    def tolerance_dtype(self, name: str, result: torch.Tensor) -> tuple[str, str]:
+        """(dtype, quantity) of ``name``'s table entry: its own dtype, no more precise than
+        the compute dtype it came from."""
+        cdt = _compute(self.xn_dtype)
+        if name == "h":
+            return _name(result.dtype), "out"
+        if name in ("dgamma", "dbeta"):
+            dt = _coarser(_name(result.dtype), cdt)
+            return dt, "param" if dt == "float64" else "gpu-param"
+        return _coarser(_name(result.dtype), cdt), "out"
+
+
+def make_case(norm: str, M: int, D: int, dtype: str, *, seed: int = 0, eps: float | None = None,
+              residual_dtype: str | None = None, param_dtype: str | None = None,
+              h_dtype: str | None = None, dh: bool = True, affine: str = "both",
+              zero_centered_gamma: bool = False, loc: float = 0.5, spread: float = 2.0) -> Case:
+    """A :class:`Case` drawn from ``seed``, rounded to the dtypes named: x = loc + spread *
+    N(0, 1); weight near 1 (near 0 with zero_centered_gamma), the rest N(0, 1). ``affine``:
+    "both", "weight", "bias" or "none"."""
+    n = NORMS[norm]
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, D, generator=g) * scale + offset
-    w = 1 + 0.5 * torch.randn(D, generator=g)
-    b = 0.5 * torch.randn(D, generator=g)
-    dy = torch.randn(M, D, generator=g)
+
+    def draw(shape, name, mean=0.0, std=1.0):
+        t = torch.randn(shape, generator=g, dtype=torch.float64) * std + mean
+        return t.to(DEVICE, _torch_dtype(name))
+
     pd = param_dtype or dtype
-    return x.to(DEVICE, dtype), w.to(DEVICE, pd), b.to(DEVICE, pd), dy.to(DEVICE, dtype)
+    rd = residual_dtype or dtype
+    x = draw((M, D), dtype, loc, spread)
+    residual = draw((M, D), rd) if n.residual else None
+    weight = draw((D,), pd, 0.0 if zero_centered_gamma else 1.0, 0.5)
+    bias = draw((D,), pd, 0.0, 0.5) if n.centred else None
+    dy = draw((M, D), dtype)
+    dh_t = draw((M, D), rd) if n.residual and dh else None
+    return Case(n, x, residual,
+                weight if affine in ("both", "weight") else None,
+                bias if affine in ("both", "bias") else None,
+                dy, dh_t, n.eps if eps is None else eps, zero_centered_gamma,
+                _torch_dtype(h_dtype) if h_dtype and n.residual else None)
 
 
-def _f64(t):
-    return None if t is None else t.detach().double().cpu().numpy()
-
-
-def _ours(x, w, b, dy, normalized_shape=None):
-    """y, dx, dw, db from layer_norm and its autograd backward (dw/db None when absent)."""
-    xg, wg, bg = (None if t is None else t.detach().requires_grad_() for t in (x, w, b))
-    y = layer_norm(xg, normalized_shape or (x.shape[-1],), wg, bg)
-    grads = iter(torch.autograd.grad(y, [t for t in (xg, wg, bg) if t is not None], dy))
-    dx = next(grads)
-    return y.detach(), dx, None if w is None else next(grads), None if b is None else next(grads)
-
-
-def _reference(x, w, b, dy):
-    """The float64 reference on the same rounded inputs, rows flattened to (M, D)."""
-    d = x.shape[-1] if w is None else w.numel()
-    x64 = _f64(x).reshape(-1, d)
-    w64 = None if w is None else _f64(w).reshape(-1)
-    b64 = None if b is None else _f64(b).reshape(-1)
-    y, cache = layer_norm_forward(x64, w64, b64)
-    return (y, *layer_norm_backward(_f64(dy).reshape(-1, d), cache))
-
-
-def assert_close(got, want, dtype, quantity):
-    got = got if isinstance(got, np.ndarray) else _f64(got)
-    tolerances.assert_close(got.reshape(np.shape(want)), want, _name(dtype), quantity)
-
-
-def assert_matches_reference(x, w, b, dy):
-    got = _ours(x, w, b, dy)
-    want = _reference(x, w, b, dy)
-    assert got[0].dtype == x.dtype and got[1].dtype == x.dtype
-    assert_close(got[0], want[0], x.dtype, "out")
-    assert_close(got[1], want[1], x.dtype, "out")
-    for g, wnt, p in zip(got[2:], want[2:], (w, b), strict=True):
-        assert (g is None) == (p is None)
-        if p is not None:
-            assert g.dtype == p.dtype
-            assert_close(g, wnt, p.dtype, "gpu-param")
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
-@pytest.mark.parametrize("M,D", [(37, 769), (5, 1), (70, 256)], ids=["ragged", "D=1", "pow2"])
-def test_matches_reference(M, D, dtype):
-    """Protects the short-row kernels: y, dx, dw, db for ragged D = 769, D = 1 and a packed
-    power of two (several rows a tile, a partial last tile), in each dtype."""
-    assert_matches_reference(*_inputs(M, D, dtype))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_name)
-def test_long_rows(dtype):
-    """Protects the long-row kernels at their real sizes: D = 70,000 (two rows) is looped over
-    in blocks, never held whole; the last block is ragged."""
-    assert kernels.plan("fwd", 70000).long and kernels.plan("bwd", 70000).long
-    assert_matches_reference(*_inputs(2, 70000, dtype))
+def assert_matches_oracle(case: Case, float64_oracle, *, rows_scaled: bool = False,
+                          floor: float = 0.0) -> dict:
+    """Every result of ``case`` within the table of the oracle's (scaled by the size of its
+    terms, per row for y, dx and dresidual when ``rows_scaled``: rows of very different sizes;
+    ``floor`` as for :func:`layernorm.tolerances.compare`), in the right dtype and shape;
+    returns our results."""
+    got, _, _ = case.run()
+    o = case.oracle(float64_oracle)
+    assert got.keys() == o.results.keys()
+    sizes = family_scales(o)
+    for name, g in got.items():
+        want = o.results[name]
+        if want is None:
+            assert g is None, f"{name} should be None"
+            continue
+        param = name in ("dgamma", "dbeta")
+        ref_t = case.weight if name == "dgamma" else case.bias if name == "dbeta" else \
+            case.x if name in ("y", "dx") else case.residual
+        want_dtype = {"h": case.xn_dtype}.get(name, ref_t.dtype)
+        assert g.dtype == want_dtype and tuple(g.shape) == want.shape, (name, g.dtype, g.shape)
+        dt, quantity = case.tolerance_dtype(name, g)
+        a = _numpy(g).astype(np.float64)
+        if rows_scaled and not param and name != "h":
+            for r in range(a.shape[0]):
+                one = slice(r, r + 1)
+                row = dataclasses.replace(o, xhat=o.xhat[one], rstd=o.rstd[one], dy=o.dy[one],
+                                          dh=o.dh[one])
+                size = family_scales(row)[name]
+                tolerances.assert_close(a[r], want[r], dt, quantity, scale=size, floor=floor,
+                                        name=f"{name}[{r}]")
+        else:
+            tolerances.assert_close(a, want, dt, quantity, scale=sizes[name], floor=floor,
+                                    name=name)
+    return got
 
 
 @pytest.fixture
-def long_rows(monkeypatch):
-    """Every D > 64 takes the long-row path, in blocks of 128: the long kernels on small shapes."""
+def check(float64_oracle):
+    """:func:`assert_matches_oracle` with the float64 oracle."""
+    def check(case: Case, **kw) -> dict:
+        return assert_matches_oracle(case, float64_oracle, **kw)
+    return check
+
+
+@pytest.fixture(params=["short", "long"])
+def path(request, monkeypatch) -> int:
+    """The row length of a short-row test (several rows a tile), or of a long-row one: every
+    D > 64 takes the long path in blocks of 32 (16 for float64), ragged last block included."""
+    if request.param == "short":
+        return SHORT_D
     monkeypatch.setattr(kernels, "MAX_SHORT_D_FWD", 64)
     monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 64)
-    monkeypatch.setattr(kernels, "LONG_BLOCK", 128)
+    monkeypatch.setattr(kernels, "LONG_BLOCK", 32)
+    assert kernels.plan("fwd", LONG_D).long and kernels.plan("bwd", LONG_D, wide=True).long
+    return LONG_D
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
-def test_long_path_small_blocks(long_rows, dtype):
-    """Protects the block loop, the Chan merge of block statistics, the ragged last block and
-    the (row chunk, column block) grid of the long backward with several partial rows."""
-    x, w, b, dy = _inputs(24, 300, dtype)
-    assert kernels.plan("bwd", 300).long
-    assert_matches_reference(x, w, b, dy)
-    assert_matches_reference(x, None, None, dy)
+# --- the family against the oracle ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("D", [769, 70000])
-def test_large_offset_is_accurate(D):
-    """Protects the correction pass (the reference's accuracy mechanism): x = 1000 + 0.01 noise
-    in float32, where the rounding error of a plain mean (~3e-5) would shift xhat by ~3e-3."""
-    assert_matches_reference(*_inputs(8 if D < 1000 else 2, D, torch.float32, offset=1000.0,
-                                      scale=0.01))
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("name", list(NORMS))
+def test_family_matches_the_oracle(name, dtype, path, check):
+    """Protects every kernel of the family, in each dtype, on both paths: y, h, dx, dresidual,
+    dw and db within the table of the float64 oracle, in their dtypes (float64 data in float64,
+    with float64 statistics)."""
+    check(make_case(name, 9, path, dtype))
 
 
-def test_large_offset_long_path(long_rows):
-    """Protects the shifted block statistics of the long path: same data, blocks of 128, and a
-    drift along the row so block means differ."""
-    x, w, b, dy = _inputs(4, 769, torch.float32, offset=1000.0, scale=0.01)
-    x = x + torch.linspace(0, 0.05, 769, device=DEVICE)
-    assert_matches_reference(x, w, b, dy)
+@pytest.mark.parametrize("name", ["layer_norm", "add_rms_norm"])
+def test_long_rows_at_their_real_size(name, check):
+    """Protects the long-row kernels at their real sizes: D = 70,000 (two rows) is looped over in
+    blocks of LONG_BLOCK, never held whole; the last block is ragged."""
+    assert kernels.plan("fwd", 70000).long and kernels.plan("bwd", 70000).long
+    check(make_case(name, 2, 70000, "bfloat16" if "add" in name else "float32"))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
-def test_zero_variance_rows(dtype):
-    """Protects constant rows: var = 0, rstd = 1/sqrt(eps), y = bias, dx = rstd·(g - mean(g));
-    no NaN from a negative rounded variance."""
-    x, w, b, dy = _inputs(6, 100, dtype)
-    x[1] = 3.0
-    x[4] = -0.1
-    y, *_ = _ours(x, w, b, dy)
-    assert torch.isfinite(y).all()
-    assert_matches_reference(x, w, b, dy)
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
-@pytest.mark.parametrize("path", ["short", "long"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_name)
-def test_rows_whose_sums_overflow(dtype, path, request):
-    """Protects the power-of-two rescaling of rows whose float32 sums overflow: squares of
-    3e19 and a sum of 300 values near 1e37 pass FLT_MAX, yet y, dx (relative to its row's
-    scale), dw and db match the float64 reference; other rows are untouched."""
-    if path == "long":
-        request.getfixturevalue("long_rows")
-    x, w, b, dy = _inputs(3, 300, dtype)
-    x[0] = x[0].float().mul(3e19).to(dtype)
-    x[1] = x[1].float().mul(1e35).add(1e37).to(dtype)
-    y, dx, dw, db = _ours(x, w, b, dy)
-    want = _reference(x, w, b, dy)
-    assert torch.isfinite(y).all() and torch.isfinite(dx).all()
-    assert_close(y, want[0], dtype, "out")
-    row_scale = np.std(_f64(x), axis=1, keepdims=True)  # dx ~ 1/std
-    assert_close(_f64(dx) * row_scale, want[1] * row_scale, dtype, "out")
-    assert_close(dw, want[2], dtype, "gpu-param")
-    assert_close(db, want[3], dtype, "gpu-param")
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered",
-                            "ignore:divide by zero encountered")  # the interpreter's where
-@pytest.mark.parametrize("path", ["short", "long"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_name)
-def test_rows_at_the_top_of_the_float32_range(dtype, path, request):
-    """Protects the rescaling where max|x| >= 2**126 (its scale must stay a normal float32,
-    not flush to 0 or -inf) and constant rows on the scaled path (eps * scale**2 underflows:
-    rstd must still be 1/sqrt(eps) and y = bias, not NaN)."""
-    if path == "long":
-        request.getfixturevalue("long_rows")
-    x, w, b, dy = _inputs(3, 300, dtype)
-    x[0] = x[0].float().clamp(-3, 3).mul(1e38).to(dtype)
-    x[1] = 1e37
-    x[2, ::2], x[2, 1::2] = 3e38, -3e38
-    y, dx, dw, db = _ours(x, w, b, dy)
-    want = _reference(x, w, b, dy)
-    assert torch.isfinite(y).all() and torch.isfinite(dx).all()
-    assert_close(y, want[0], dtype, "out")
-    np.testing.assert_array_equal(_f64(y[1]), _f64(b))
-    # dx ~ 1/std: rows 0 and 2 have dx ~ 1e-38, subnormal in bfloat16 (a few bits), so
-    # bfloat16 checks dx on the constant row only
-    rows = slice(None) if dtype == torch.float32 else slice(1, 2)
-    row_scale = np.maximum(np.std(_f64(x), axis=1, keepdims=True), 1.0)[rows]
-    assert_close(_f64(dx)[rows] * row_scale, want[1][rows] * row_scale, dtype, "out")
+@pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
+def test_large_offset_is_accurate(name, path, check):
+    """Protects the corrected two-pass statistics (and the Chan merge of shifted block statistics
+    on the long path): x = 1000 + 0.01 noise in float32, where the rounding error of a plain
+    mean (~3e-5) would shift xhat by ~3e-3; a drift along the row makes block means differ."""
+    case = make_case(name, 4, path, "float32", loc=1000.0, spread=0.01)
+    case.x += torch.linspace(0, 0.05, path, device=DEVICE)
+    check(case)
 
 
 @pytest.mark.parametrize("affine", ["none", "weight", "bias"])
-def test_optional_weight_and_bias(affine):
-    """Protects weight and bias being independently optional: absent ones get no gradient."""
-    x, w, b, dy = _inputs(9, 130, torch.float32)
-    w = w if affine == "weight" else None
-    b = b if affine == "bias" else None
-    assert_matches_reference(x, w, b, dy)
+@pytest.mark.parametrize("name", list(NORMS))
+def test_parameters_each_optional(name, affine, check):
+    """Protects weight and bias being independently optional: an absent one gets no gradient
+    (None), and the others are still right."""
+    if affine == "bias" and not NORMS[name].centred:
+        pytest.skip("RMSNorm has no bias")
+    check(make_case(name, 6, SHORT_D, "float32", affine=affine))
 
 
-def test_mixed_parameter_dtype():
-    """Protects bfloat16 x with float32 weight and bias: y and dx in bfloat16, dw and db in
-    float32 from float32 accumulation."""
-    assert_matches_reference(*_inputs(12, 200, torch.bfloat16, param_dtype=torch.float32))
+@pytest.mark.parametrize("dtype,param_dtype", [("bfloat16", "float32"), ("float32", "bfloat16"),
+                                               ("float16", "float64"), ("float64", "float16")])
+@pytest.mark.parametrize("name", ["layer_norm", "add_rms_norm"])
+def test_mixed_parameter_dtypes(name, dtype, param_dtype, check):
+    """Protects parameters of another dtype than x: the scale is formed in the compute dtype,
+    and dw/db come back in the parameters' own dtypes (float64 data accumulates in float64,
+    the rest in float32; a float16 gradient of float64 sums is rounded once)."""
+    check(make_case(name, 6, SHORT_D, dtype, param_dtype=param_dtype))
 
 
-def test_several_normalized_axes():
-    """Protects normalized_shape covering several trailing axes: flattened to D = 4·5, with
-    weight and bias of shape (4, 5) and their gradients too."""
-    x, w, b, dy = _inputs(6, 20, torch.float32)
-    x, dy = x.reshape(2, 3, 4, 5), dy.reshape(2, 3, 4, 5)
-    w, b = w.reshape(4, 5), b.reshape(4, 5)
-    y, dx, dw, db = _ours(x, w, b, dy, normalized_shape=(4, 5))
-    assert y.shape == x.shape and dw.shape == (4, 5) and db.shape == (4, 5)
-    want = _reference(x, w, b, dy)
-    quantities = ("out", "out", "gpu-param", "gpu-param")
-    for got, wnt, q in zip((y, dx, dw, db), want, quantities, strict=True):
-        assert_close(got, wnt, torch.float32, q)
+@pytest.mark.parametrize("dtype,param_dtype", [("bfloat16", None), ("float32", "bfloat16"),
+                                               ("float64", None)])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_zero_centered_gamma(name, dtype, param_dtype, check):
+    """Protects zero_centered_gamma: the scale is 1 + weight formed in the compute dtype (a
+    bfloat16 weight of 2**-10 gives a scale of 1 + 2**-10, where 1 + weight in bfloat16 is 1,
+    a float32 y 1e-3 off), and dweight is not multiplied by it."""
+    case = make_case(name, 6, SHORT_D, dtype, param_dtype=param_dtype, zero_centered_gamma=True)
+    case.weight[0] = 2.0**-10
+    check(case)
 
 
-@pytest.mark.parametrize("layout", ["row-slice", "transposed", "dy-transposed", "dy-expanded"])
-def test_non_contiguous(layout):
-    """Protects strided inputs and gradients: a row slice of a wider tensor (read in place
-    through its row stride), a transpose (copied at the boundary) and a transposed or
-    broadcast dy."""
-    x, w, b, dy = _inputs(10, 96, torch.float32)
-    if layout == "row-slice":
-        wide = torch.randn(10, 200, device=DEVICE)
-        wide[:, 50:146] = x
-        x = wide[:, 50:146]
-        assert x.stride() == (200, 1)
-    elif layout == "transposed":
-        x = x.t().contiguous().t()
-        assert not x.is_contiguous()
-    elif layout == "dy-transposed":
-        dy = dy.t().contiguous().t()
-    else:
-        dy = torch.randn(96, device=DEVICE).expand(10, 96)
-    assert_matches_reference(x, w, b, dy)
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_float32_residual_stream_with_bfloat16_x(name, path, check):
+    """Protects the add-norms' mixed dtypes: bfloat16 x on a float32 residual stream (h, its
+    dtype, float32): h = x + residual exactly, y and dx in bfloat16, dresidual in float32, the
+    statistics float32; and bfloat16 h from a float32 residual, rounded once."""
+    case = make_case(name, 6, path, "bfloat16", residual_dtype="float32", h_dtype="float32")
+    got = check(case)
+    assert torch.equal(got["h"], case.x.float() + case.residual)
+    assert got["dx"].dtype == torch.bfloat16 and got["dresidual"].dtype == torch.float32
+    case = make_case(name, 6, path, "bfloat16", residual_dtype="float32", h_dtype="bfloat16")
+    got = check(case)
+    assert torch.equal(got["h"], (case.x.float() + case.residual).bfloat16())
 
 
-@pytest.mark.parametrize("path", ["short", "long"])
-def test_deterministic(path, monkeypatch):
-    """Protects bit-identical results run to run (no atomics): y, dx, dw, db of two runs are
-    bitwise equal, with several programs writing partial rows of dw and db."""
-    if path == "long":
-        monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 64)
-        monkeypatch.setattr(kernels, "LONG_BLOCK", 128)
-    x, w, b, dy = _inputs(64, 300, torch.bfloat16)
-    first, second = _ours(x, w, b, dy), _ours(x, w, b, dy)
-    for a, c in zip(first, second, strict=True):
-        assert torch.equal(a, c)
+@pytest.mark.parametrize("x_dtype,r_dtype,h_dtype", [
+    ("bfloat16", "bfloat16", "bfloat16"), ("float16", "float16", "float16"),
+    ("float32", "float64", "float32"), ("float16", "bfloat16", "float32")])
+def test_h_is_rounded_once(x_dtype, r_dtype, h_dtype, path):
+    """Protects h = x + residual formed in the widest compute dtype and rounded once to h's
+    dtype, bit for bit (also under the interpreter, whose own bfloat16 conversion truncates)."""
+    case = make_case("add_layer_norm", 5, path, x_dtype, residual_dtype=r_dtype,
+                     h_dtype=h_dtype)
+    wide = torch.float64 if torch.float64 in (case.x.dtype, case.residual.dtype) else \
+        torch.float32
+    want = (case.x.to(wide) + case.residual.to(wide)).to(_torch_dtype(h_dtype))
+    assert torch.equal(case.run()[0]["h"], want)
 
 
-def test_statistics_are_float32():
-    """Protects the saved statistics: mean and rstd are float32 for bfloat16 input, and close
-    to the float64 ones (rstd to float32 accuracy)."""
-    x, *_ = _inputs(8, 300, torch.bfloat16)
-    _, mean, rstd = ops.fwd(x, None, None, 1e-5)
-    assert mean.dtype == rstd.dtype == torch.float32
-    x64 = _f64(x)
-    # Not table entries: the table bounds results, not the saved statistics; 1e-6 (1e-5 for
-    # rstd, whose float32 sum of squares of D = 300 terms rounds more) is float32's accuracy.
-    np.testing.assert_allclose(_f64(mean), x64.mean(1), atol=1e-6, rtol=1e-6)
-    np.testing.assert_allclose(_f64(rstd), 1 / np.sqrt(x64.var(1) + 1e-5), atol=1e-6, rtol=1e-5)
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_dh_absent_or_present(name, path, check):
+    """Protects dh: absent, dx = dresidual = the norm's gradient; present, dh is added before
+    the one rounding; either way within the table of the oracle."""
+    without = check(make_case(name, 5, path, "float32", dh=False))
+    case = make_case(name, 5, path, "float32")
+    with_dh = check(case)
+    assert not torch.equal(without["dx"], with_dh["dx"])
 
 
-def test_empty_batch():
-    """Protects M = 0: an empty y, an empty dx and zero parameter gradients, no launch."""
-    _, w, b, _ = _inputs(1, 16, torch.float32)
-    x = torch.randn(2, 0, 16, device=DEVICE)
-    y, dx, dw, db = _ours(x, w, b, torch.randn_like(x))
-    assert y.shape == x.shape and dx.shape == x.shape
-    assert torch.equal(dw, torch.zeros_like(w)) and torch.equal(db, torch.zeros_like(b))
+# --- layouts, M = 0 ---------------------------------------------------------------------------
 
 
-def _small_model(norm_cls, **kwargs):
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(24, 48), norm_cls(48, **kwargs),
-                               torch.nn.Linear(48, 8)).to(DEVICE)
+def strided(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The same values as rows of a wider tensor: row stride 2 * D + 3, unit column stride."""
+    if t is None:
+        return None
+    wide = torch.full((t.shape[0], 2 * t.shape[1] + 3), float("nan"), dtype=t.dtype,
+                      device=t.device)
+    wide[:, 3:3 + t.shape[1]] = t
+    return wide[:, 3:3 + t.shape[1]]
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"bias": False}, {"elementwise_affine": False}],
-                         ids=["affine", "no-bias", "no-affine"])
-def test_module_is_a_drop_in(kwargs):
-    """Protects LayerNorm as a drop-in for torch.nn.LayerNorm: a subclass with the same state
-    dict, which loads torch's strictly and gives the same outputs and gradients in a model."""
-    theirs = _small_model(torch.nn.LayerNorm, **kwargs)
-    with torch.no_grad():
-        for p in theirs[1].parameters():
-            p.uniform_(0.5, 1.5)
-    ours = _small_model(LayerNorm, **kwargs)
-    assert isinstance(ours[1], torch.nn.LayerNorm)
-    assert ours.state_dict().keys() == theirs.state_dict().keys()
-    ours.load_state_dict(theirs.state_dict(), strict=True)
-
-    x = torch.randn(5, 7, 24, device=DEVICE)
-    out_theirs, out_ours = theirs(x), ours(x)
-    out_theirs.square().sum().backward()
-    out_ours.square().sum().backward()
-    assert_close(out_ours, _f64(out_theirs), torch.float32, "out")
-    for p_ours, p_theirs in zip(ours.parameters(), theirs.parameters(), strict=True):
-        assert_close(p_ours.grad, _f64(p_theirs.grad), torch.float32, "gpu-param")
+@pytest.mark.parametrize("name", list(NORMS))
+def test_row_strides(name, path):
+    """Protects inputs read in place through their row stride (x, residual, dy, dh, and the h
+    given back to the backward): bitwise the results of contiguous copies."""
+    case = make_case(name, 5, path, "float32")
+    want, mean, rstd = case.run()
+    laid_out = Case(**{**case.__dict__, **{k: strided(getattr(case, k))
+                                          for k in ("x", "residual", "dy", "dh")}})
+    got, _, _ = laid_out.run()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    n = NORMS[name]
+    xn = strided(want["h"] if n.residual else case.x)
+    dx, *_ = kernels.backward(strided(case.dy), strided(case.dh), xn, case.weight, case.bias,
+                              mean, rstd, centred=n.centred, x_dtype=case.x.dtype,
+                              residual_dtype=case.x.dtype if n.residual else None)
+    assert torch.equal(dx, want["dx"])
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # inside inductor
-def test_compiled_fullgraph_keeps_our_op():
-    """Protects the torch.library registration: torch.compile(fullgraph=True) traces
-    layer_norm without a graph break, the graph calls layernorm::triton_fwd (no silent
-    fallback), and the compiled function (inductor) gives the eager results and gradients."""
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    def f(x, w, b):
-        return layer_norm(x, (4, 32), w, b).sin()
-
-    x, w, b, dy = _inputs(12, 128, torch.float32)
-    x, dy = x.reshape(3, 4, 4, 32), dy.reshape(3, 4, 4, 32)
-    w, b = w.reshape(4, 32), b.reshape(4, 32)
-    torch.compile(f, fullgraph=True, backend=capture)(x, w, b)
-    targets = [n.target for g in graphs for n in g.graph.nodes if n.op == "call_function"]
-    assert torch.ops.layernorm.triton_fwd.default in targets
-
-    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
-    y_eager = f(*leaves)
-    grads_eager = torch.autograd.grad(y_eager, leaves, dy)
-    y_comp = torch.compile(f, fullgraph=True)(*leaves)
-    grads_comp = torch.autograd.grad(y_comp, leaves, dy)
-    assert_close(y_comp, _f64(y_eager), torch.float32, "out")
-    for a, c in zip(grads_comp, grads_eager, strict=True):
-        assert_close(a, _f64(c), torch.float32, "out")
+@pytest.mark.parametrize("name", list(NORMS))
+def test_empty_batch(name):
+    """Protects M = 0: empty outputs of the right shapes and dtypes, zero parameter gradients,
+    no launch."""
+    case = make_case(name, 0, 16, "bfloat16", residual_dtype="float32", h_dtype="float32")
+    got, mean, rstd = case.run()
+    assert got["y"].shape == (0, 16) and got["dx"].shape == (0, 16)
+    assert mean.shape == rstd.shape == (0,) and mean.dtype == torch.float32
+    assert torch.equal(got["dgamma"], torch.zeros_like(case.weight))
+    if NORMS[name].residual:
+        assert got["h"].dtype == got["dresidual"].dtype == torch.float32
 
 
-def test_opcheck():
-    """Protects the custom ops' registration (schema, fake tensors, autograd, AOT dispatch) by
-    torch.library.opcheck, with and without parameters."""
-    x, w, b, dy = _inputs(6, 40, torch.float32)
-    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
-    torch.library.opcheck(ops.fwd, (xg, wg, bg, 1e-5))
-    torch.library.opcheck(ops.fwd, (x, None, None, 1e-5))
-    _, mean, rstd = ops.fwd(x, w, b, 1e-5)
-    torch.library.opcheck(ops.bwd, (dy, x, w, b, mean, rstd))
+# --- exact facts: constant rows, rescaled rows ---------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "call,exc,name",
-    [
-        (lambda x, w: layer_norm(x.tolist(), (8,)), TypeError, "x"),
-        (lambda x, w: layer_norm(x.to(torch.int32), (8,)), TypeError, "x"),
-        (lambda x, w: layer_norm(x.double(), (8,)), TypeError, "x"),
-        (lambda x, w: layer_norm(x, (7,)), ValueError, "normalized_shape"),
-        (lambda x, w: layer_norm(x, (2, 8)), ValueError, "normalized_shape"),
-        (lambda x, w: layer_norm(x, ()), ValueError, "normalized_shape"),
-        (lambda x, w: layer_norm(x, "8"), TypeError, "normalized_shape"),
-        (lambda x, w: layer_norm(x, (8.0,)), TypeError, "normalized_shape"),
-        (lambda x, w: layer_norm(x, (8,), w[:7]), ValueError, "weight"),
-        (lambda x, w: layer_norm(x, (8,), w.tolist()), TypeError, "weight"),
-        (lambda x, w: layer_norm(x, (8,), None, w.to(torch.int64)), TypeError, "bias"),
-        (lambda x, w: layer_norm(x, (8,), eps=0.0), ValueError, "eps"),
-        (lambda x, w: layer_norm(x, (8,), eps="1e-5"), TypeError, "eps"),
-    ],
-)
-def test_bad_input(call, exc, name):
-    """Protects the error messages: ValueError/TypeError naming the argument at fault."""
-    x = torch.randn(3, 8, device=DEVICE)
-    w = torch.ones(8, device=DEVICE)
-    with pytest.raises(exc, match=name):
-        call(x, w)
+def _constant_rows(case: Case) -> list[int]:
+    """Make rows 1 and 3 of what ``case`` normalizes constant (0 for RMSNorm), with values whose
+    D-fold sum is inexact; row 5 constant near the top of the range (LayerNorm), whose sum
+    overflows. Returns the constant rows."""
+    centred = case.norm.centred
+    big = 0.9 * DTYPES[_name(case.x.dtype)].largest
+    values = {1: 0.1, 3: -3.3, 5: big} if centred else {1: 0.0, 3: 0.0}
+    for r, v in values.items():
+        case.x[r] = v
+        if case.residual is not None:
+            case.residual[r] = 0.0
+    return list(values)
 
 
-def test_cpu_tensor_needs_the_interpreter(monkeypatch):
-    """Protects the device check: a CPU tensor without the interpreter is a ValueError naming x,
-    not a crash inside Triton."""
-    monkeypatch.setattr(kernels, "INTERPRET", False)
-    with pytest.raises(ValueError, match="x must be on a CUDA device"):
-        layer_norm(torch.randn(2, 8), (8,))
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("name", list(NORMS))
+@OVERFLOW_IS_AN_ANSWER
+def test_constant_rows(name, dtype, path, check):
+    """Protects constant rows (found by max == min, not by var == 0): y = bias exactly (0 for an
+    RMSNorm row of zeros), mean = the row's value exactly, rstd = 1/sqrt(eps) correctly
+    rounded, and the gradients of the oracle (dx = rstd·(g − mean(g)), finite), also for a
+    constant row whose sum overflows."""
+    case = make_case(name, 7, path, dtype)
+    rows = _constant_rows(case)
+    got, mean, rstd = case.run()
+    xn = got["h"] if case.norm.residual else case.x
+    for r in rows:
+        want_y = case.bias if case.norm.centred else torch.zeros_like(case.weight)
+        assert torch.equal(got["y"][r], want_y.to(case.x.dtype)), r
+        assert mean[r].item() == (xn[r, 0].item() if case.norm.centred else 0.0)
+        sdt = np.float64 if mean.dtype == torch.float64 else np.float32
+        assert rstd[r].item() == sdt(1) / np.sqrt(sdt(case.eps))
+    assert all(torch.isfinite(v).all() for v in got.values() if v is not None)
+    check(case, rows_scaled=True)
 
 
-def test_changing_weight_in_place_before_backward_is_refused():
-    """Protects the one rule for gamma on the PyTorch side: the op saves weight for autograd,
-    so changing it in place between forward and backward (an optimizer step) raises instead
-    of giving the gradient of a function that never ran."""
-    x, w, b, dy = _inputs(4, 32, torch.float32)
-    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-    y = layer_norm(xg, (32,), wg, b)
-    with torch.no_grad():
-        wg.mul_(2.0)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        y.backward(dy)
+@pytest.mark.parametrize("name", list(NORMS))
+@OVERFLOW_IS_AN_ANSWER
+def test_constant_rows_with_eps_zero(name, path, check):
+    """Protects eps = 0 (torch accepts it): a constant row gives y = bias (torch gives NaN), mean
+    = its value and rstd = inf (as torch); its dx = inf·(g − mean(g)) is ±inf or NaN (the
+    derivative is unbounded there), but no other row and no parameter gradient is touched."""
+    case = make_case(name, 6, path, "float32", eps=0.0)
+    rows = _constant_rows(case)
+    got, mean, rstd = case.run()
+    others = [r for r in range(6) if r not in rows]
+    for r in rows:
+        want_y = case.bias if case.norm.centred else torch.zeros_like(case.weight)
+        assert torch.equal(got["y"][r], want_y) and rstd[r].item() == float("inf")
+        assert not torch.isfinite(got["dx"][r]).any()
+    assert torch.isfinite(got["y"]).all() and torch.isfinite(got["dx"][others]).all()
+    assert torch.isfinite(got["dgamma"]).all()
+    ok = make_case(name, 6, path, "float32", eps=0.0)
+    ok.x, ok.dy = ok.x[others], ok.dy[others]
+    if ok.residual is not None:
+        ok.residual, ok.dh = ok.residual[others], ok.dh[others]
+    check(ok)
+
+
+@triton.jit
+def _inexact_div(a, b):
+    """a / b with a relative error of 2**-22: what the GPU's div.full.f32 is allowed."""
+    return a / b * (1.0 + 2.0**-22)
+
+
+@triton.jit
+def _inexact_rsqrt(v):
+    """1 / sqrt(v) with a relative error of 2**-22, as from sqrt.approx."""
+    return 1.0 / tl.sqrt(v) * (1.0 - 2.0**-22)
+
+
+@pytest.mark.skipif(not kernels.INTERPRET, reason="patches the interpreter's kernels")
+@pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
+def test_constant_rows_do_not_depend_on_division_rounding(name, path, monkeypatch):
+    """Protects the constant-row rule against the GPU's arithmetic: with the row means' division
+    and the square root made inexact (a relative error of 2**-22, as div.full and sqrt.approx
+    may have), a constant row still gives xhat = 0, so y = 0 exactly without bias, and mean =
+    its value; by the old rule (var == 0) its centred values came out nonzero and y ~ 1e-12."""
+    monkeypatch.setattr(kernels, "_div", _inexact_div)
+    monkeypatch.setattr(kernels, "_rsqrt", _inexact_rsqrt)
+    case = make_case(name, 5, path, "float32", affine="weight")
+    case.x[2] = 0.1
+    if case.residual is not None:
+        case.residual[2] = 0.0
+    got, mean, _ = case.run()
+    assert torch.equal(got["y"][2], torch.zeros_like(got["y"][2]))
+    assert mean[2].item() == np.float32(0.1)
+
+
+def _rescaled_rows(case: Case) -> None:
+    """Rows whose sums overflow the compute dtype, with big = 0.9 * the largest value: row 0 one
+    big and D - 1 -big (D = 8: mean -0.675 big, and x - mean overflows), row 2 a spread of
+    big / 2**60 (its squares overflow), row 3 big / 4 + noise (its sum overflows). Residuals
+    are 0 there."""
+    big = 0.9 * DTYPES[_name(case.x.dtype)].largest
+    D = case.x.shape[1]
+    g = torch.Generator().manual_seed(1)
+    noise = torch.randn(D, generator=g, dtype=torch.float64)
+    rows = {0: torch.tensor([big] + [-big] * (D - 1), dtype=torch.float64),
+            2: noise * (big * 2.0**-60), 3: big / 4 + noise * (big / 400)}
+    for r, v in rows.items():
+        case.x[r] = v.to(DEVICE, case.x.dtype)
+        if case.residual is not None:
+            case.residual[r] = 0.0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("name", list(NORMS))
+@OVERFLOW_IS_AN_ANSWER
+def test_rows_whose_sums_overflow(name, dtype, monkeypatch, check):
+    """Protects the power-of-two rescaling in both passes: a row of one 3e38 and seven -3e38
+    (float32; 0.9 of the largest value in each dtype) has a finite y and, since the backward
+    works on x * s as the forward did, finite dx (it was NaN) and finite dw/db in every column;
+    all within the table of the oracle (dx per row, relative to its size), on both paths, the
+    other rows untouched."""
+    for long in (False, True):
+        if long:
+            monkeypatch.setattr(kernels, "MAX_SHORT_D_FWD", 4)
+            monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 4)
+            monkeypatch.setattr(kernels, "LONG_BLOCK", 4)
+            assert kernels.plan("bwd", 8, wide=True).long
+        case = make_case(name, 5, 8, dtype)
+        _rescaled_rows(case)
+        got = check(case, rows_scaled=True)
+        for k, v in got.items():
+            if k != "h":
+                assert torch.isfinite(v).all(), k
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+@OVERFLOW_IS_AN_ANSWER
+def test_tiny_rows_with_eps_zero(name, path, check):
+    """Protects rows whose var underflows when eps = 0: values near 1e-20 (var below the
+    smallest normal float32) and subnormal ones are rescaled too, so y is the oracle's (not
+    ±inf), dw finite; dx of the subnormal row, ~1e41, is inf in float32, as it should be."""
+    case = make_case(name, 4, path, "float32", eps=0.0)
+    g = torch.Generator().manual_seed(2)
+    for r, size in ((1, 1e-20), (2, 1e-42)):
+        case.x[r] = (torch.randn(path, generator=g) * size).to(DEVICE)
+        if case.residual is not None:
+            case.residual[r] = 0.0
+    got = check(case, rows_scaled=True)
+    assert torch.isfinite(got["y"]).all() and torch.isfinite(got["dgamma"]).all()
+
+
+# --- batch invariance, determinism, statistics ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+@OVERFLOW_IS_AN_ANSWER
+def test_batch_invariance(name, path):
+    """Protects a row's y and dx (and h, dresidual) not depending on M or on its neighbours:
+    five rows alone, then the same rows at another place in a batch of 12 rows that share
+    their tiles with a rescaled row, give bitwise the same results."""
+    case = make_case(name, 5, path, "bfloat16")
+    alone, _, _ = case.run()
+    big = make_case(name, 12, path, "bfloat16", seed=3)
+    big.weight, big.bias = case.weight, case.bias
+    _rescaled_rows(big)
+    for k in ("x", "residual", "dy", "dh"):
+        t = getattr(big, k)
+        if t is not None:
+            t[6:11] = getattr(case, k)
+    batch, _, _ = big.run()
+    for k in ("y", "h", "dx", "dresidual"):
+        if k in alone:
+            assert torch.equal(batch[k][6:11], alone[k]), k
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_deterministic(name, path, monkeypatch):
+    """Protects bit-identical results run to run (no atomics): every output of two runs is
+    bitwise equal, with several programs writing partial rows of dw and db (16 "SMs": four
+    row chunks on the long path)."""
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 16)
+    case = make_case(name, 200 if path == SHORT_D else 12, path, "bfloat16")
+    (first, m1, r1), (second, m2, r2) = case.run(), case.run()
+    assert torch.equal(m1, m2) and torch.equal(r1, r2)
+    for k in first:
+        assert torch.equal(first[k], second[k]), k
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_statistics(name, path):
+    """Protects the saved statistics: float32 for half and float32 data (also bfloat16 x on a
+    float32 residual stream), float64 for float64 h; the mean (zeros for RMSNorm) and rstd
+    close to the float64 ones."""
+    n = NORMS[name]
+    for dtype, h_dtype, sdt in (("bfloat16", None, torch.float32),
+                                ("bfloat16", "float64", torch.float64),
+                                ("float64", None, torch.float64)):
+        if h_dtype and not n.residual:
+            continue
+        case = make_case(name, 6, path, dtype, h_dtype=h_dtype)
+        got, mean, rstd = case.run()
+        assert mean.dtype == rstd.dtype == sdt
+        xn = (got["h"] if n.residual else case.x).double().cpu().numpy()
+        want_mean = xn.mean(1) if n.centred else np.zeros(6)
+        ms = ((xn - want_mean[:, None]) ** 2).mean(1)
+        # Not table entries: the table bounds results, not the saved statistics; these are
+        # the compute dtype's accuracy for sums of D terms.
+        tol = 1e-12 if sdt == torch.float64 else 1e-6
+        np.testing.assert_allclose(mean.cpu().numpy(), want_mean, atol=tol, rtol=tol)
+        np.testing.assert_allclose(rstd.cpu().numpy(), 1 / np.sqrt(ms + case.eps), atol=tol,
+                                   rtol=10 * tol)
+
+
+# --- plans and bad input ----------------------------------------------------------------------
+
+
+def test_float64_plans_are_half_size():
+    """Protects the float64 plans (two registers per value): every limit, tile and block is
+    halved, with the same warps per element."""
+    for pass_, limit in (("fwd", kernels.MAX_SHORT_D_FWD), ("bwd", kernels.MAX_SHORT_D_BWD)):
+        assert not kernels.plan(pass_, limit // 2, wide=True).long
+        assert kernels.plan(pass_, limit // 2 + 1, wide=True).long
+        narrow, wide = kernels.plan(pass_, 256), kernels.plan(pass_, 256, wide=True)
+        assert wide.rows * 2 == narrow.rows and wide.num_warps == narrow.num_warps
+        assert kernels.plan(pass_, 10**6, wide=True).block * 2 == kernels.LONG_BLOCK
+
+
+def test_bad_input():
+    """Protects the launchers' contract: what would be read wrong (a bias for RMSNorm, a shape
+    mismatch, a column stride, statistics of another dtype, negative eps) is an error naming
+    the argument, not a silent result."""
+    case = make_case("layer_norm", 4, 8, "float32")
+    x, w, b = case.x, case.weight, case.bias
+    with pytest.raises(ValueError, match="bias"):
+        kernels.forward(x, None, w, b, 1e-5, centred=False)
+    with pytest.raises(ValueError, match="residual"):
+        kernels.forward(x, x[:3], w, b, 1e-5, centred=True)
+    with pytest.raises(ValueError, match="x must have unit column stride"):
+        kernels.forward(x.t().contiguous().t(), None, w, b, 1e-5, centred=True)
+    with pytest.raises(ValueError, match="weight"):
+        kernels.forward(x, None, w[:7], b, 1e-5, centred=True)
+    with pytest.raises(ValueError, match="eps"):
+        kernels.forward(x, None, w, b, -1.0, centred=True)
+    _, _, mean, rstd = kernels.forward(x, None, w, b, 1e-5, centred=True)
+    with pytest.raises(ValueError, match="mean and rstd"):
+        kernels.backward(case.dy.double(), None, x.double(), w, b, mean, rstd, centred=True)
+    with pytest.raises(ValueError, match="dh"):
+        kernels.backward(case.dy, case.dy, x, w, b, mean, rstd, centred=True)

@@ -1,6 +1,7 @@
-"""The differential fuzz of the Triton kernels (layernorm.gpu) against the exact oracle: the
-property of tests/test_fuzz.py, with fewer examples because Triton's interpreter is slow on
-the CPU (on a CUDA machine the same test runs on the GPU)."""
+"""The differential fuzz of the Triton kernels (layernorm.gpu.kernels) against the float64 oracle:
+the property of tests/test_fuzz.py for every norm of the family, through the launchers, with
+fewer examples because Triton's interpreter is slow on the CPU (on a CUDA machine the same test
+runs on the GPU)."""
 
 from __future__ import annotations
 
@@ -10,71 +11,58 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from fuzzing import Problem, budget, draw_problem, scales  # noqa: E402
+from fuzzing import budget, draw_family, draw_problem  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from test_gpu import (  # noqa: E402 - the launchers' runner and comparison, shared
+    DEVICE,
+    OVERFLOW_IS_AN_ANSWER,
+    Case,
+    assert_matches_oracle,
+    strided,
+)
 
-from layernorm.gpu import kernels, layer_norm  # noqa: E402
-from layernorm.tolerances import assert_close  # noqa: E402
+from layernorm.family import NORMS  # noqa: E402
+from layernorm.gpu import kernels  # noqa: E402
 
-# Drawn extremes may have a true result beyond float16's range (inf), and Triton's interpreter
-# computes masked-out lanes too: NumPy warns of both.
-OVERFLOW_IS_AN_ANSWER = pytest.mark.filterwarnings(
-    "ignore:(overflow|invalid value|divide by zero) encountered")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def _tensor(a: np.ndarray | None) -> torch.Tensor | None:
-    """The same values as a tensor on DEVICE (through float32: exact for every dtype here)."""
-    if a is None:
-        return None
-    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-    return t.to(DEVICE, TORCH_DTYPES[a.dtype.name]).requires_grad_()
-
-
-def _numpy(t: torch.Tensor | None, dtype: np.dtype) -> np.ndarray | None:
-    return None if t is None else t.detach().float().cpu().numpy().astype(dtype)
-
-
-def _run(p: Problem) -> tuple:
-    x, gamma, beta = (_tensor(a) for a in (p.x, p.gamma, p.beta))
-    if p.layout == "strided":  # a row stride other than D: the kernels take it as it is
-        wide = torch.zeros((*x.shape[:-1], 2 * x.shape[-1]), dtype=x.dtype, device=DEVICE)
-        wide[..., ::2] = x.detach()
-        x = wide[..., ::2].requires_grad_()
-        x.retain_grad()
-    y = layer_norm(x, (p.x.shape[-1],), gamma, beta, p.eps)
-    y.backward(_tensor(p.dy).detach())
-    return (_numpy(y, p.dtype), _numpy(x.grad, p.dtype),
-            None if gamma is None else _numpy(gamma.grad, p.dtype),
-            None if beta is None else _numpy(beta.grad, p.dtype))
-
-
-# Triton's interpreter rounds float32 subnormals to bfloat16 wrongly (-8.8e-41 comes out as
-# -1.07e-38; torch and the hardware round it right): under the interpreter, bfloat16 results
-# below the smallest normal number are only known to within it.
+# Triton's interpreter reads bfloat16 subnormals wrongly (-9.2e-41 comes in as -0.0; torch and
+# the hardware read them right): under the interpreter, bfloat16 results are only known to
+# within the smallest normal number. The kernels round bfloat16 results themselves there.
 _FLOOR = {"bfloat16": 2 * 2.0**-126} if kernels.INTERPRET else {}
 
 
+def _tensor(a: np.ndarray | None, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """The same values as a C-contiguous tensor of ``shape`` on DEVICE in a's dtype (through
+    float32, or float64 for float64: exact)."""
+    if a is None:
+        return None
+    wide = np.float64 if a.dtype == np.float64 else np.float32
+    t = torch.from_numpy(np.ascontiguousarray(a, dtype=wide)).reshape(shape)
+    return t.to(DEVICE, getattr(torch, a.dtype.name))
+
+
 @OVERFLOW_IS_AN_ANSWER
-@budget(100)
+@pytest.mark.parametrize("name", list(NORMS))
+@budget(60)
 @given(data=st.data())
-def test_triton_kernels_match_the_exact_oracle(data):
-    """Protects the Triton kernels on any input they take (float32, float16, bfloat16, M = 0
-    and D = 1 included, values up to the dtype's limits): y, dx, dgamma and dbeta within the
-    tolerance table of the exact answer (dgamma/dbeta under the float32-accumulation
-    "gpu-param" entries)."""
-    p = draw_problem(data, dtypes=tuple(TORCH_DTYPES), max_elements=1024)
-    p = Problem(np.ascontiguousarray(p.x), p.gamma, p.beta, np.ascontiguousarray(p.dy), p.eps,
-                p.kind, "strided" if p.layout == "strided" else "C")
-    y, dx, dgamma, dbeta = _run(p)
-    ex = p.exact()
-    sc = scales(p, ex)
-    floor = _FLOOR.get(p.dtype.name, 0.0)
-    assert_close(y, ex.y, p.dtype, "out", scale=sc.y, floor=floor, name="y")
-    assert_close(dx, ex.dx, p.dtype, "out", scale=sc.dx, floor=floor, name="dx")
-    assert_close(dgamma, None if p.gamma is None else ex.dgamma, p.dtype, "gpu-param",
-                 scale=sc.dgamma, floor=floor, name="dgamma")
-    assert_close(dbeta, None if p.beta is None else ex.dbeta, p.dtype, "gpu-param",
-                 scale=sc.dbeta, floor=floor, name="dbeta")
+def test_triton_family_matches_the_oracle(name, data, float64_oracle):
+    """Protects every Triton kernel of the family on any input it takes (float16, bfloat16,
+    float32, float64; M = 0 and D = 1 included; values up to the dtype's limits; constant
+    rows; gamma or 1 + gamma; a residual drawn like x, h in x's dtype or float32; rows read
+    through a row stride): y, h, dx, dresidual, dw and db within the tolerance table of the
+    float64 oracle (scaled by the size of their terms)."""
+    norm = NORMS[name]
+    p = draw_problem(data, max_elements=1024)
+    args, cot, kw = draw_family(data, p, norm.residual, norm.centred)
+    D = p.x.shape[-1]
+    rows = (int(np.prod(p.x.shape[:-1])), D)  # the launchers take (M, D)
+    x, *rest = args
+    residual = rest.pop(0) if norm.residual else None
+    weight, bias = (rest + [None])[:2]
+    lay = strided if p.layout == "strided" else (lambda t: t)  # a row stride, read in place
+    h_dtype = kw.get("residual_dtype")
+    case = Case(norm, lay(_tensor(x, rows)), lay(_tensor(residual, rows)),
+                _tensor(weight, (D,)), _tensor(bias, (D,)), lay(_tensor(cot[0], rows)),
+                lay(_tensor(cot[1], rows)) if norm.residual else None, p.eps,
+                kw["zero_centered_gamma"], getattr(torch, h_dtype) if h_dtype else None)
+    assert_matches_oracle(case, float64_oracle, floor=_FLOOR.get(p.dtype.name, 0.0))

@@ -1,48 +1,55 @@
-r"""Fused layer-norm kernels in Triton, and the launchers that pick a plan for each row length.
+r"""Fused Triton kernels for the family of norms, and the launchers that pick a plan per row length.
 
-The maths, for one row x of length D (the NumPy oracle, :mod:`layernorm.reference`, computes
-the same; docs/gpu-fusion.md explains the design):
+The maths, for one row of length D (the NumPy oracle, :mod:`layernorm.reference`, computes the
+same; docs/gpu-fusion.md explains the design). T is the compute dtype: float64 for float64 data,
+float32 otherwise. LayerNorm (``centred``) and RMSNorm share every kernel:
 
-    m      = (1/D) sum_j x_j                   first-pass mean
-    c      = (1/D) sum_j (x_j - m)             correction: the rounding error of m
-    xc_j   = (x_j - m) - c                     centred values, accurate even when |m| >> std
-    MEAN   = m + c rounded to float32          saved (exactly x_j on a constant row)
-    rstd   = 1 / sqrt((1/D) sum_j xc_j^2 + eps)   saved as RSTD (float32)
-    xhat_j = xc_j * rstd
-    y_j    = w_j * xhat_j + b_j
+    [add]  h_j = x_j + r_j in the widest compute dtype of x, r and h, rounded once to h's dtype;
+           the row normalized below (xn) is h as rounded, else xn = x
+    LayerNorm                                  RMSNorm
+    m    = (1/D) sum_j xn_j                    (no mean: MEAN = 0)
+    c    = (1/D) sum_j (xn_j - m)              the rounding error of m
+    xc_j = (xn_j - m) - c                      xc_j = xn_j
+    var  = (1/D) sum_j xc_j^2                  var = (1/D) sum_j xn_j^2
+    MEAN = m + c,  RSTD = 1 / sqrt(var + eps),  xhat_j = xc_j * RSTD
+    y_j  = scale_j * xhat_j + beta_j           scale = w, or 1 + w (zero_centered_gamma) in T
 
-    g_j    = dy_j * w_j                        (g = dy without weight)
-    dx_j   = rstd * (g_j - mean(g) - xhat_j * mean(g * xhat))
-    dw_j   = sum over rows of dy_j * xhat_j
-    db_j   = sum over rows of dy_j
+    g_j  = dy_j * scale_j                      (g = dy without weight)
+    dn_j = RSTD * (g_j - mean(g) - xhat_j * mean(g * xhat))     [RMSNorm: no mean(g)]
+    dx_j = dn_j;  add-norms: dx_j = dresidual_j = dn_j + dh_j in the add's dtype, rounded once
+           to x's dtype and once to the residual's
+    dw_j = sum over rows of dy_j * xhat_j,  db_j = sum over rows of dy_j
 
-This is the reference's accuracy mechanism in float32:
+Exact facts the kernels rely on, whatever the hardware's division and square root:
 
-1. Corrected two-pass statistics: subtracting c, the mean of the centred values, removes the
-   rounding error of m from every centred value.
-2. Row sums are tree sums (tl.sum) or blocked sums; long rows merge per-block statistics with
-   Chan's formula.
-3. A row whose sum or sum of squares overflows float32 is recomputed as x * 2**-e (exact;
-   max |x * 2**-e| < 1, or < 4 when max|x| >= 2**126 so that 2**-e stays a normal float32)
-   with eps * 4**-e, and MEAN and RSTD are scaled back; a constant row keeps
-   RSTD = 1/sqrt(eps) even where eps * 4**-e underflows.
+1. A constant row (LayerNorm: max == min; RMSNorm: every element 0) is found by comparison,
+   not by var == 0: xhat = 0 exactly, y = beta (0 for RMSNorm), MEAN = the row's value,
+   RSTD = 1/sqrt(eps) (inf when eps = 0; the backward's dx on such a row is then rstd times
+   g - mean(g): +-inf, or NaN where that is 0, as the derivative there is unbounded).
+2. Row reductions' divisions and the square root are correctly rounded (tl.div_rn,
+   tl.sqrt_rn; float64 '/' and sqrt are already), so the GPU computes what the interpreter
+   shows, and RSTD is not flushed to zero.
+3. A row whose sums overflow T, or whose var + eps falls below T's smallest normal number
+   (eps = 0 and tiny values), is recomputed as xn * s, s = 2**k from max|xn| (exact), with
+   eps * s**2. It saves the statistics of xn * s, RSTD negated as the mark: MEAN = mean(xn * s),
+   RSTD = -1/sqrt(var(xn * s) + eps * s**2). The backward recomputes s from max|xn| and works
+   on xn * s, so no value of the row overflows there either; dx = s * (RSTD_s * bracket).
 
-The backward rebuilds xhat from x, MEAN and RSTD as u - mean(u) with u = (x - MEAN) * rstd:
-the same correction, recomputed in the pass the backward already makes over the row, on
-values of order one (no overflow). The forward saves two floats per row, nothing of size (M, D).
+Code paths, one line each:
 
-Every load is cast to float32; statistics and sums are float32 whatever the input dtype;
-y and dx are rounded once, to x's dtype. Rows are short or long:
+* short rows (D <= MAX_SHORT_D_FWD forward, MAX_SHORT_D_BWD backward): a program holds a tile
+  of whole rows (several rows when D is small) in registers; x (and dy) are read once.
+* long rows: a program loops over its row in blocks of LONG_BLOCK; the forward reads xn twice
+  (statistics with a Chan merge of block statistics, then y); add-norms write h in the first
+  pass and read it back in the second. The backward is a row-statistics kernel (three row
+  means per row, and s) and a dx kernel on a (row chunk, column block) grid.
+* the rescaled rows of item 3: a branch per tile (or row) taken only where a row needs it.
+* float64 data: the same kernels in float64, with tiles half as large (``plan(wide=True)``).
+* dw and db: each backward program adds its rows into partial sums in T, one (P, D) row per
+  program; a second kernel sums the P rows in a fixed order. No atomics: bit-identical runs.
 
-* short rows (D <= MAX_SHORT_D_FWD forward, MAX_SHORT_D_BWD backward): a program holds whole
-  rows in registers, so x (and dy) are read from memory once.
-* long rows: a program loops over the row in blocks of LONG_BLOCK and never holds it whole;
-  the row is read twice (statistics, then the elementwise pass), the second time from L2
-  when the rows in flight fit there. Registers stay bounded whatever D is.
-
-dw and db are reduced in two stages: each program of the backward adds its rows into float32
-partial sums and writes them to its own row of a (P, D) buffer; a second kernel sums the P
-rows in a fixed order. No atomics and no locks, so results are bit-identical run to run.
+Results are rounded once to their dtype (y to x's; h to h's; dx, dresidual, dw, db to their
+own). A row's y and dx do not depend on the other rows, nor on M.
 """
 
 from __future__ import annotations
@@ -59,32 +66,122 @@ from triton.runtime.interpreter import InterpretedFunction
 __all__ = ["INTERPRET", "Plan", "backward", "forward", "plan"]
 
 # Tuning constants (chosen from the design, not yet measured on a GPU: docs/gpu-fusion.md).
-# The two limits are the longest rows whose tiles compile for sm_90 without register spills
-# (tests/gpu/test_gpu_compile.py checks it): the backward holds x, dy, weight and two float32
-# accumulators per element, the forward x and the centred values.
+# The two limits are the longest rows whose tiles compile for sm_90 without register spills in
+# every variant (tests/gpu/test_gpu_compile.py checks it): the backward holds x, dy, weight and
+# two accumulators per element, the forward x (x and the residual for add-norms) and the
+# centred values. float64 data halves every size (two registers per value).
 MAX_SHORT_D_FWD = 8192  # longest row the forward holds whole
 MAX_SHORT_D_BWD = 4096  # longest row the backward holds whole
 SHORT_TILE = 4096  # elements per program for short rows: small rows are packed several a tile
 LONG_BLOCK = 4096  # elements of a long row handled per loop step
 PROGRAMS_PER_SM = 4  # persistent programs per SM in the backward
 INTERPRETER_SMS = 4  # "SMs" under TRITON_INTERPRET=1, where programs run one after another
-REDUCE_BLOCK_P = 32  # partial rows summed per step by the second-stage reduction
+REDUCE_BLOCK_P = 32  # partial rows summed per step by the second-stage reduction (16 float64)
 REDUCE_BLOCK_N = 256  # columns per program of the second-stage reduction
-REDUCE_NUM_WARPS = 4  # warps per program of the second-stage reduction
+REDUCE_NUM_WARPS = 8  # warps per program of the second-stage reduction (dw and db together)
 
-FLT_MAX = tl.constexpr(3.4028234663852886e38)  # var above this (or NaN): the sums overflowed
+INF = tl.constexpr(float("inf"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Element helpers
+# ---------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _inv_pow2_above(
-    a,  # float32 > 0, any shape
+def _div(a, b):
+    """a / b correctly rounded (the GPU's float32 '/' is div.full, within 2 ulps)."""
+    if a.dtype == tl.float64:
+        return a / b
+    else:
+        return tl.div_rn(a, b)
+
+
+@triton.jit
+def _rsqrt(v):
+    """1 / sqrt(v), each operation correctly rounded (tl.sqrt is sqrt.approx.ftz on the GPU)."""
+    if v.dtype == tl.float64:
+        return 1.0 / tl.sqrt(v)
+    else:
+        return tl.div_rn(1.0, tl.sqrt_rn(v))
+
+
+@triton.jit
+def _below_normal(v):
+    """v < the smallest normal number of v's dtype: var + eps there has lost bits to underflow."""
+    if v.dtype == tl.float64:
+        return v < 2.2250738585072014e-308
+    else:
+        return v < 1.1754943508222875e-38
+
+
+@triton.jit
+def _pow2_scale(a):
+    """2**(126 - E) for a float32 a with biased exponent E, so a * s is in [1/2, 1) (float64:
+    2**(1022 - E)): an exact scale built from the exponent bits. E is capped (252; 2044) so s
+    stays normal: for a >= 2**126 (2**1022) a * s is in [1, 4), still far from overflow; for
+    a subnormal a, s = 2**126 (2**1022) and a * s < 1."""
+    if a.dtype == tl.float64:
+        e = tl.minimum((a.to(tl.int64, bitcast=True) >> 52) & 0x7FF, 2044)
+        return ((2045 - e) << 52).to(tl.float64, bitcast=True)
+    else:
+        e = tl.minimum((a.to(tl.int32, bitcast=True) >> 23) & 0xFF, 252)
+        return ((253 - e) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _to(v, dtype: tl.constexpr):
+    """v (float32 or float64) rounded once, to nearest even, to ``dtype``.
+
+    On the GPU that is ``v.to(dtype)`` (cvt.rn, float64 to bfloat16 included). Triton's
+    interpreter truncates float32 to bfloat16 and garbles float64 to bfloat16, so there the
+    rounding is done on the bits: float64 goes to float32 rounded to odd (toward zero, the last
+    bit set if inexact, so the second rounding rounds once in effect), then to nearest even.
+    """
+    if _SOFT_BF16 and dtype == tl.bfloat16:
+        if v.dtype == tl.float64:
+            f = v.to(tl.float32)
+            back = f.to(tl.float64)
+            bits = f.to(tl.int32, bitcast=True)
+            inexact = back != v
+            bits = tl.where(inexact & (tl.abs(back) > tl.abs(v)), bits - 1, bits)
+            bits = tl.where(inexact, bits | 1, bits)
+        else:
+            bits = v.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        half = tl.where(v != v, (bits >> 16) | 0x40, rounded)  # a NaN stays a NaN, quiet
+        return half.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return v.to(dtype)
+
+
+@triton.jit
+def _residual_add(
+    x,  # any shape, x's dtype
+    r,  # same shape, the residual's dtype
+    H_DTYPE: tl.constexpr,  # h's dtype
+    WIDE_ADD: tl.constexpr,  # add in float64 (x, r or h is float64), else in float32
 ):
-    """2**(126 - E) for a with biased exponent E, so 1/2 <= a * 2**(126 - E) < 1: an exact
-    scale that brings a below one (built from the exponent bits, no division). E is capped at
-    252 so the scale stays a normal float32 (2**-126 at the least; a subnormal would flush to
-    zero): for a >= 2**126 that leaves a * scale in [1, 4), still far from overflow."""
-    e = tl.minimum((a.to(tl.int32, bitcast=True) >> 23) & 0xFF, 252)
-    return ((253 - e) << 23).to(tl.float32, bitcast=True)
+    """h = x + r in the add's compute dtype, rounded once to h's dtype."""
+    if WIDE_ADD:
+        return _to(x.to(tl.float64) + r.to(tl.float64), H_DTYPE)
+    else:
+        return _to(x.to(tl.float32) + r.to(tl.float32), H_DTYPE)
+
+
+@triton.jit
+def _load_scale(
+    W,  # *w.dtype (D,): weight
+    offs,  # column offsets
+    ok,  # valid columns
+    CDT: tl.constexpr,  # compute dtype
+    ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
+):
+    """The scale in the compute dtype: w, or 1 + w formed there (never in a half dtype)."""
+    w = tl.load(W + offs, mask=ok, other=0.0).to(CDT)
+    if ZERO_CENTERED:
+        w = w + 1.0
+    return w
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,41 +190,53 @@ def _inv_pow2_above(
 
 
 @triton.jit
-def _centre_rows(
-    x,  # (ROWS, BLOCK_D) float32, zero where not mask
-    mask,  # (ROWS, BLOCK_D) bool: valid entries
-    D,  # row length
+def _moments(
+    x,  # (ROWS, BLOCK_D) compute dtype, zero where not mask
+    mask,  # (ROWS, BLOCK_D) valid entries
+    n,  # D in the compute dtype
+    CENTRED: tl.constexpr,  # LayerNorm: centre the rows
 ):
-    """Corrected mean (ROWS,), centred values with the correction (ROWS, BLOCK_D), variance.
+    """(ROWS,) mean, (ROWS, BLOCK_D) centred values, (ROWS,) var; uncentred (RMSNorm): 0, x
+    and mean(x**2).
 
-    The mean returned is m + corr rounded to float32: for a constant row it is the row's value
-    exactly, so the backward's x - MEAN is 0 there (the first-pass m can be an ulp off, and
-    for values near 1e37 that ulp times rstd overflows the backward's products).
+    The mean returned is m + c, the first-pass mean plus the mean of the centred values (its
+    rounding error), which the correction removes from every centred value.
     """
-    mean = tl.sum(x, axis=1) / D  # (ROWS,)
-    xc = tl.where(mask, x - mean[:, None], 0.0)  # (ROWS, BLOCK_D)
-    corr = tl.sum(xc, axis=1) / D  # (ROWS,) the rounding error of mean
-    xc = tl.where(mask, xc - corr[:, None], 0.0)  # (ROWS, BLOCK_D)
-    return mean + corr, xc, tl.sum(xc * xc, axis=1) / D
+    if CENTRED:
+        m = _div(tl.sum(x, axis=1), n)  # (ROWS,)
+        xc = tl.where(mask, x - m[:, None], 0.0)  # (ROWS, BLOCK_D)
+        c = _div(tl.sum(xc, axis=1), n)  # (ROWS,) the rounding error of m
+        xc = tl.where(mask, xc - c[:, None], 0.0)  # (ROWS, BLOCK_D)
+        return m + c, xc, _div(tl.sum(xc * xc, axis=1), n)
+    else:
+        return tl.zeros((x.shape[0],), x.dtype), x, _div(tl.sum(x * x, axis=1), n)
 
 
 @triton.jit
 def _fwd_short_kernel(
     X,  # *x.dtype (M, D): input rows, row stride stride_x, unit column stride
+    R,  # *r.dtype (M, D): residual, row stride stride_r; None unless HAS_RESIDUAL
+    H,  # *h.dtype (M, D) contiguous: output h = x + r; None unless HAS_RESIDUAL
     Y,  # *x.dtype (M, D) contiguous: output
     W,  # *w.dtype (D,): weight, or None when HAS_W is False
     B,  # *b.dtype (D,): bias, or None when HAS_B is False
-    MEAN,  # *float32 (M,): output, the corrected mean rounded to float32
-    RSTD,  # *float32 (M,): output, 1 / sqrt(var + eps)
+    MEAN,  # *T (M,): output, MEAN (0 for RMSNorm); T, the compute dtype, is MEAN's dtype
+    RSTD,  # *T (M,): output, RSTD (negated on rescaled rows)
     stride_x,  # elements between consecutive rows of X
+    stride_r,  # elements between consecutive rows of R
     M,  # number of rows
     D,  # row length
-    eps,  # added to the variance
+    eps: "fp64",  # noqa: F821, UP037 (Triton type string) added to var, unrounded for float64
+    CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm
+    HAS_RESIDUAL: tl.constexpr,  # add-norm: normalize h = x + r
+    WIDE_ADD: tl.constexpr,  # the add computes in float64
     HAS_W: tl.constexpr,  # weight present
     HAS_B: tl.constexpr,  # bias present
+    ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
     ROWS: tl.constexpr,  # rows per program
     BLOCK_D: tl.constexpr,  # power of two >= D: a whole row per tile row
 ):
+    CDT: tl.constexpr = MEAN.dtype.element_ty
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
     cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     row_ok = rows < M  # (ROWS,)
@@ -135,136 +244,236 @@ def _fwd_short_kernel(
     mask = row_ok[:, None] & col_ok[None, :]  # (ROWS, BLOCK_D)
     rows64 = rows.to(tl.int64)  # offsets of large tensors overflow int32
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    x = x.to(tl.float32)  # (ROWS, BLOCK_D)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        h = _residual_add(x, r, H.dtype.element_ty, WIDE_ADD)  # (ROWS, BLOCK_D) rounded once
+        tl.store(H + rows64[:, None] * D + cols[None, :], h, mask=mask)
+        xn = h.to(CDT)  # (ROWS, BLOCK_D) the norm reads h as rounded
+    else:
+        xn = x.to(CDT)  # (ROWS, BLOCK_D)
+    eps_t = (tl.zeros([], tl.float64) + eps).to(CDT)
+    n = tl.zeros([], CDT) + D  # D in the compute dtype (D may be the constant 1)
 
-    mean, xc, var = _centre_rows(x, mask, D)  # (ROWS,), (ROWS, BLOCK_D), (ROWS,)
-    scale = tl.full((ROWS,), 1.0, tl.float32)  # the rows are x * scale
-    if tl.sum(tl.where(var <= FLT_MAX, 0, 1), axis=0) > 0:  # rare: a row's sums overflowed
-        scale = tl.where(var <= FLT_MAX, 1.0, _inv_pow2_above(tl.max(tl.abs(x), axis=1)))
-        mean, xc, var = _centre_rows(x * scale[:, None], mask, D)
-    rstd = 1.0 / tl.sqrt(var + eps * scale * scale)  # (ROWS,) of the scaled rows
-    # A constant row has xc = 0 exactly; eps * scale**2 may underflow to 0 on the scaled path,
-    # so its rstd is 1/sqrt(eps) by definition rather than 1/sqrt(0).
-    const = var == 0  # (ROWS,)
-    y = xc * tl.where(const, 0.0, rstd)[:, None]  # (ROWS, BLOCK_D) xhat
+    mean, xc, var = _moments(xn, mask, n, CENTRED)  # (ROWS,), (ROWS, BLOCK_D), (ROWS,)
+    # Exact facts of each row: its largest magnitude, and whether it is constant. A NaN counts
+    # as +inf in the maximum (the GPU's max ignores NaN, the interpreter's propagates it).
+    if CENTRED:
+        top = tl.max(tl.where(mask, tl.where(xn == xn, xn, INF), -INF), axis=1)  # (ROWS,)
+        bot = tl.min(tl.where(mask, xn, INF), axis=1)  # (ROWS,)
+        const = (top == bot) & (tl.abs(top) < INF)
+        big = tl.maximum(tl.abs(top), tl.abs(bot))  # (ROWS,) max|xn|
+    else:
+        big = tl.max(tl.where(xn == xn, tl.abs(xn), INF), axis=1)  # (ROWS,) max|xn|
+        const = big == 0.0
+    scaled = row_ok & ~const & (~(var < INF) | _below_normal(var + eps_t))  # (ROWS,)
+    s = tl.full((ROWS,), 1.0, CDT)  # the rows are xn * s
+    eps_s = tl.zeros((ROWS,), CDT) + eps_t  # eps * s**2
+    if tl.sum(scaled.to(tl.int32), axis=0) > 0:  # rare: recompute those rows as xn * s
+        s = tl.where(scaled, _pow2_scale(big), 1.0)
+        mean_s, xc_s, var_s = _moments(xn * s[:, None], mask, n, CENTRED)
+        mean = tl.where(scaled, mean_s, mean)
+        xc = tl.where(scaled[:, None], xc_s, xc)
+        var = tl.where(scaled, var_s, var)
+        eps_s = tl.where(scaled, eps_t * s * s, eps_s)
+    rstd = _rsqrt(var + eps_s)  # (ROWS,)
+    y = tl.where(const[:, None], 0.0, xc * rstd[:, None])  # (ROWS, BLOCK_D) xhat
     if HAS_W:
-        y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        y = y * _load_scale(W, cols, col_ok, CDT, ZERO_CENTERED)[None, :]
     if HAS_B:
-        y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + rows64[:, None] * D + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(MEAN + rows, mean / scale, mask=row_ok)  # exact: scale is a power of two
-    tl.store(RSTD + rows, tl.where(const, 1.0 / tl.sqrt(eps), rstd * scale), mask=row_ok)
+        y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(CDT)[None, :]
+    tl.store(Y + rows64[:, None] * D + cols[None, :], _to(y, Y.dtype.element_ty), mask=mask)
+    if CENTRED:
+        mean = tl.where(const, top, mean)  # the row's value, exactly
+    tl.store(MEAN + rows, mean, mask=row_ok)
+    rstd = tl.where(scaled, -rstd, rstd)
+    tl.store(RSTD + rows, tl.where(const, _rsqrt(eps_t), rstd), mask=row_ok)
+
+
+@triton.jit
+def _load_xn(
+    x_ptrs,  # pointers into the row of x (of h when not HAS_RESIDUAL and reading it back)
+    r_ptrs,  # pointers into the row of the residual
+    h_ptrs,  # pointers into the row of h, written here when HAS_RESIDUAL
+    ok,  # valid entries
+    CDT: tl.constexpr,  # compute dtype
+    HAS_RESIDUAL: tl.constexpr,  # form h = x + r, store it, return it
+    WIDE_ADD: tl.constexpr,  # the add computes in float64
+):
+    """A block of the normalized row in the compute dtype: x, or h = x + r (stored)."""
+    x = tl.load(x_ptrs, mask=ok, other=0.0)
+    if HAS_RESIDUAL:
+        h = _residual_add(x, tl.load(r_ptrs, mask=ok, other=0.0), h_ptrs.dtype.element_ty,
+                          WIDE_ADD)
+        tl.store(h_ptrs, h, mask=ok)
+        return h.to(CDT)
+    else:
+        return x.to(CDT)
 
 
 @triton.jit
 def _block_stats(
-    d,  # (BLOCK,) float32: values of one block, zero where not ok
-    ok,  # (BLOCK,) bool: valid entries
-    n,  # float32: number of valid entries
+    d,  # (BLOCK,) values of one block, zero where not ok
+    ok,  # (BLOCK,) valid entries
+    n,  # number of valid entries, compute dtype
 ):
     """Mean and sum of squared deviations of one block, the reference's way: first-pass mean,
     then the correction pass."""
-    m = tl.sum(d, axis=0) / n
+    m = _div(tl.sum(d, axis=0), n)
     e = tl.where(ok, d - m, 0.0)
-    corr = tl.sum(e, axis=0) / n
-    e = tl.where(ok, e - corr, 0.0)
-    return m + corr, tl.sum(e * e, axis=0)
+    c = _div(tl.sum(e, axis=0), n)
+    e = tl.where(ok, e - c, 0.0)
+    return m + c, tl.sum(e * e, axis=0)
 
 
 @triton.jit
 def _long_row_stats(
-    x_row,  # *x.dtype: start of the row
+    x_row,  # *: start of the row of x (of h, when reading h back)
+    r_row,  # *: start of the row of the residual (HAS_RESIDUAL)
+    h_row,  # *: start of the row of h, written here (HAS_RESIDUAL)
     D,  # row length
-    scale,  # float32 power of two: statistics of x * scale
+    scale,  # power of two: statistics of xn * scale
+    CDT: tl.constexpr,  # compute dtype
+    CENTRED: tl.constexpr,  # LayerNorm statistics, else the sum of squares
+    HAS_RESIDUAL: tl.constexpr,  # form and store h on the way
+    WIDE_ADD: tl.constexpr,  # the add computes in float64
     BLOCK: tl.constexpr,  # elements per loop step
 ):
-    """shift, mean and M2 (sum of squared deviations) of x * scale, one pass over the row.
+    """One pass over a long row xn: (shift, mean, m2, top, bot).
 
-    Each block gets the reference's corrected two-pass treatment, on x * scale - shift with
-    shift the mean of block 0 (so the running mean stays small, and its rounding error), and
-    blocks are merged with Chan's formula:
+    LayerNorm: mean and m2 (sum of squared deviations) of xn * scale - shift, shift the mean of
+    block 0 (so the running mean stays small, and its rounding error); each block gets the
+    corrected two-pass treatment and blocks merge with Chan's formula
         n = na + nb,  delta = mean_b - mean_a,
         mean = mean_a + delta * nb / n,  M2 = M2_a + M2_b + delta^2 * na * nb / n.
+    RMSNorm: shift = mean = 0, m2 = sum of (xn * scale)^2 (blocked).
+    top and bot: max and min of xn (NaN as +inf in the max); RMSNorm: top = max|xn|.
     """
     cols = tl.arange(0, BLOCK)  # (BLOCK,)
     ok = cols < D
-    x = tl.load(x_row + cols, mask=ok, other=0.0).to(tl.float32) * scale  # (BLOCK,) block 0
-    n = tl.minimum(D, BLOCK).to(tl.float32)
-    shift = tl.sum(x, axis=0) / n
-    mean, m2 = _block_stats(tl.where(ok, x - shift, 0.0), ok, n)
+    xn = _load_xn(x_row + cols, r_row + cols, h_row + cols, ok, CDT, HAS_RESIDUAL, WIDE_ADD)
+    if CENTRED:
+        top = tl.where(ok, tl.where(xn == xn, xn, INF), -INF)  # (BLOCK,) running max
+        bot = tl.where(ok, xn, INF)  # (BLOCK,) running min
+        xs = xn * scale
+        n = tl.minimum(D, BLOCK).to(CDT)
+        shift = _div(tl.sum(xs, axis=0), n)
+        mean, m2 = _block_stats(tl.where(ok, xs - shift, 0.0), ok, n)
+    else:
+        top = tl.where(xn == xn, tl.abs(xn), INF)  # (BLOCK,) running max|xn|
+        bot = top
+        sq = (xn * scale) * (xn * scale)  # (BLOCK,) blocked sum of squares
     for start in tl.range(BLOCK, D, BLOCK):
         ok = start + cols < D
-        x = tl.load(x_row + start + cols, mask=ok, other=0.0).to(tl.float32) * scale
-        nb = tl.minimum(D - start, BLOCK).to(tl.float32)
-        mean_b, m2_b = _block_stats(tl.where(ok, x - shift, 0.0), ok, nb)
-        n_new = n + nb
-        delta = mean_b - mean
-        mean += delta * (nb / n_new)
-        m2 += m2_b + delta * delta * (n / n_new * nb)
-        n = n_new
-    return shift, mean, m2
-
-
-@triton.jit
-def _long_row_absmax(
-    x_row,  # *x.dtype: start of the row
-    D,  # row length
-    BLOCK: tl.constexpr,  # elements per loop step
-):
-    """max |x| over the row."""
-    cols = tl.arange(0, BLOCK)  # (BLOCK,)
-    big = tl.zeros((BLOCK,), dtype=tl.float32)
-    for start in tl.range(0, D, BLOCK):
-        x = tl.load(x_row + start + cols, mask=start + cols < D, other=0.0).to(tl.float32)
-        big = tl.maximum(big, tl.abs(x))
-    return tl.max(big, axis=0)
+        xn = _load_xn(x_row + start + cols, r_row + start + cols, h_row + start + cols, ok, CDT,
+                      HAS_RESIDUAL, WIDE_ADD)
+        if CENTRED:
+            top = tl.maximum(top, tl.where(ok, tl.where(xn == xn, xn, INF), -INF))
+            bot = tl.minimum(bot, tl.where(ok, xn, INF))
+            nb = tl.minimum(D - start, BLOCK).to(CDT)
+            mean_b, m2_b = _block_stats(tl.where(ok, xn * scale - shift, 0.0), ok, nb)
+            n_new = n + nb
+            delta = mean_b - mean
+            mean += delta * _div(nb, n_new)
+            m2 += m2_b + delta * delta * (_div(n, n_new) * nb)
+            n = n_new
+        else:
+            top = tl.maximum(top, tl.where(xn == xn, tl.abs(xn), INF))
+            sq += (xn * scale) * (xn * scale)
+    if CENTRED:
+        return shift, mean, m2, tl.max(top, axis=0), tl.min(bot, axis=0)
+    else:
+        zero = tl.zeros([], CDT)
+        big = tl.max(top, axis=0)
+        return zero, zero, tl.sum(sq, axis=0), big, big
 
 
 @triton.jit
 def _fwd_long_kernel(
     X,  # *x.dtype (M, D): input rows, row stride stride_x, unit column stride
+    R,  # *r.dtype (M, D): residual, row stride stride_r; None unless HAS_RESIDUAL
+    H,  # *h.dtype (M, D) contiguous: output h = x + r; None unless HAS_RESIDUAL
     Y,  # *x.dtype (M, D) contiguous: output
     W,  # *w.dtype (D,): weight, or None when HAS_W is False
     B,  # *b.dtype (D,): bias, or None when HAS_B is False
-    MEAN,  # *float32 (M,): output, the mean rounded to float32
-    RSTD,  # *float32 (M,): output, 1 / sqrt(var + eps)
+    MEAN,  # *T (M,): output, MEAN (0 for RMSNorm); T, the compute dtype, is MEAN's dtype
+    RSTD,  # *T (M,): output, RSTD (negated on rescaled rows)
     stride_x,  # elements between consecutive rows of X
+    stride_r,  # elements between consecutive rows of R
     D,  # row length
-    eps,  # added to the variance
+    eps: "fp64",  # noqa: F821, UP037 (Triton type string) added to var, unrounded for float64
+    CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm
+    HAS_RESIDUAL: tl.constexpr,  # add-norm: normalize h = x + r
+    WIDE_ADD: tl.constexpr,  # the add computes in float64
     HAS_W: tl.constexpr,  # weight present
     HAS_B: tl.constexpr,  # bias present
+    ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
     BLOCK: tl.constexpr,  # elements per loop step
 ):
-    # One program per row: one pass for the statistics, one to normalize.
+    # One program per row: one pass for the statistics (forming and storing h for add-norms),
+    # one to normalize (reading h back).
+    CDT: tl.constexpr = MEAN.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
+    if HAS_RESIDUAL:
+        r_row = R + row * stride_r
+        h_row = H + row * D
+        xn_row = h_row
+    else:
+        r_row = x_row
+        h_row = x_row
+        xn_row = x_row
     y_row = Y + row * D
     cols = tl.arange(0, BLOCK)  # (BLOCK,)
+    eps_t = (tl.zeros([], tl.float64) + eps).to(CDT)
+    n = tl.zeros([], CDT) + D  # D in the compute dtype (D may be the constant 1)
 
-    scale = tl.full([], 1.0, tl.float32)  # the row is x * scale
-    shift, mean, m2 = _long_row_stats(x_row, D, scale, BLOCK)
-    if not m2 <= FLT_MAX:  # rare: the sums overflowed; two more passes
-        scale = _inv_pow2_above(_long_row_absmax(x_row, D, BLOCK))
-        shift, mean, m2 = _long_row_stats(x_row, D, scale, BLOCK)
-    rstd = 1.0 / tl.sqrt(m2 / D + eps * scale * scale)
-    const = m2 == 0  # a constant row: rstd is 1/sqrt(eps) even where eps * scale**2 underflows
-    # The mean is shift + mean. Rounded to float32 it is mean_f32; corr is what the rounding
-    # lost (shift - mean_f32 is exact when the two are within a factor of two, when it matters).
-    mean_f32 = shift + mean
-    corr = (shift - mean_f32) + mean
-    tl.store(MEAN + row, mean_f32 / scale)  # exact: scale is a power of two
-    tl.store(RSTD + row, tl.where(const, 1.0 / tl.sqrt(eps), rstd * scale))
-    rstd = tl.where(const, 0.0, rstd)  # its centred values are exactly 0: y = beta
+    s = tl.full([], 1.0, CDT)  # the row is xn * s
+    shift, mean, m2, top, bot = _long_row_stats(x_row, r_row, h_row, D, s, CDT, CENTRED,
+                                                HAS_RESIDUAL, WIDE_ADD, BLOCK)
+    var = _div(m2, n)
+    if CENTRED:
+        const = (top == bot) & (tl.abs(top) < INF)
+        big = tl.maximum(tl.abs(top), tl.abs(bot))  # max|xn|
+    else:
+        const = top == 0.0
+        big = top
+    scaled = ~const & (~(var < INF) | _below_normal(var + eps_t))
+    eps_s = eps_t  # eps * s**2
+    if scaled:  # rare: one more pass, on xn * s
+        if HAS_RESIDUAL:
+            tl.debug_barrier()  # h, stored by every thread, is read back
+        s = _pow2_scale(big)
+        shift, mean, m2, _, _ = _long_row_stats(xn_row, xn_row, xn_row, D, s, CDT, CENTRED,
+                                                False, WIDE_ADD, BLOCK)
+        var = _div(m2, n)
+        eps_s = eps_t * s * s
+    rstd = _rsqrt(var + eps_s)
+    # The mean is shift + mean. Rounded it is hi; lo is what the rounding lost (shift - hi is
+    # exact when the two are within a factor of two, when it matters). A constant row's mean
+    # is its value, exactly, so its centred values are exactly 0.
+    hi = shift + mean
+    lo = (shift - hi) + mean
+    if CENTRED:
+        hi = tl.where(const, top, hi)
+        lo = tl.where(const, 0.0, lo)
+    tl.store(MEAN + row, hi)
+    tl.store(RSTD + row, tl.where(const, _rsqrt(eps_t), tl.where(scaled, -rstd, rstd)))
+    rstd = tl.where(const, 0.0, rstd)  # xhat = 0 on a constant row (and never 0 * inf)
 
+    if HAS_RESIDUAL:
+        tl.debug_barrier()  # h, stored by every thread, is read back
     for start in tl.range(0, D, BLOCK):
         ok = start + cols < D
-        x = tl.load(x_row + start + cols, mask=ok, other=0.0).to(tl.float32) * scale
-        y = ((x - mean_f32) - corr) * rstd  # (BLOCK,) xhat
+        xn = tl.load(xn_row + start + cols, mask=ok, other=0.0).to(CDT) * s
+        if CENTRED:
+            y = ((xn - hi) - lo) * rstd  # (BLOCK,) xhat
+        else:
+            y = xn * rstd  # (BLOCK,) xhat
         if HAS_W:
-            y = y * tl.load(W + start + cols, mask=ok, other=0.0).to(tl.float32)
+            y = y * _load_scale(W, start + cols, ok, CDT, ZERO_CENTERED)
         if HAS_B:
-            y = y + tl.load(B + start + cols, mask=ok, other=0.0).to(tl.float32)
-        tl.store(y_row + start + cols, y.to(Y.dtype.element_ty), mask=ok)
+            y = y + tl.load(B + start + cols, mask=ok, other=0.0).to(CDT)
+        tl.store(y_row + start + cols, _to(y, Y.dtype.element_ty), mask=ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,166 +482,281 @@ def _fwd_long_kernel(
 
 
 @triton.jit
+def _store_dx(
+    dn,  # dnorm, the norm's gradient w.r.t. xn, in the compute dtype
+    dh,  # dh (loaded, its own dtype), ignored unless HAS_DH
+    DX,  # *dx.dtype: gradient of x
+    DR,  # *dr.dtype: gradient of the residual; None unless IS_ADD
+    offs,  # offsets of dn's elements in DX and DR
+    mask,  # valid entries
+    IS_ADD: tl.constexpr,  # add-norm: dx = dresidual = dn + dh
+    HAS_DH: tl.constexpr,  # dh present
+    WIDE_ADD: tl.constexpr,  # the add's compute dtype is float64
+):
+    """Store dx (and dresidual): dn rounded once, or dn + dh formed in the add's compute dtype
+    and rounded once to each output's dtype."""
+    if IS_ADD:
+        if WIDE_ADD:
+            t = dn.to(tl.float64)
+            if HAS_DH:
+                t = t + dh.to(tl.float64)
+        else:
+            t = dn.to(tl.float32)
+            if HAS_DH:
+                t = t + dh.to(tl.float32)
+        tl.store(DX + offs, _to(t, DX.dtype.element_ty), mask=mask)
+        tl.store(DR + offs, _to(t, DR.dtype.element_ty), mask=mask)
+    else:
+        tl.store(DX + offs, _to(dn, DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _bwd_short_kernel(
-    X,  # *x.dtype (M, D): forward input, row stride stride_x, unit column stride
     DY,  # *dy.dtype (M, D): gradient of y, row stride stride_dy, unit column stride
-    DX,  # *x.dtype (M, D) contiguous: output, gradient of x
+    DH,  # *dh.dtype (M, D): gradient of h, row stride stride_dh; None unless HAS_DH
+    XN,  # *xn.dtype (M, D): what the forward normalized (x, or h), row stride stride_xn
+    DX,  # *dx.dtype (M, D) contiguous: output, gradient of x
+    DR,  # *dr.dtype (M, D) contiguous: output, gradient of the residual; None unless IS_ADD
     W,  # *w.dtype (D,): weight, or None when HAS_W is False
-    MEAN,  # *float32 (M,): the forward's MEAN
-    RSTD,  # *float32 (M,): the forward's RSTD
-    DW_PART,  # *float32 (P, D): output, row p = this program's sum of dy * xhat
-    DB_PART,  # *float32 (P, D): output, row p = this program's sum of dy
-    stride_x,  # elements between consecutive rows of X
+    MEAN,  # *T (M,): the forward's MEAN; T, the compute dtype, is MEAN's dtype
+    RSTD,  # *T (M,): the forward's RSTD (negative: a rescaled row)
+    DW_PART,  # *T (P, D): output, row p = this program's sum of dy * xhat
+    DB_PART,  # *T (P, D): output, row p = this program's sum of dy
     stride_dy,  # elements between consecutive rows of DY
+    stride_dh,  # elements between consecutive rows of DH
+    stride_xn,  # elements between consecutive rows of XN
     M,  # number of rows
     D,  # row length
+    CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm
+    IS_ADD: tl.constexpr,  # add-norm: write dx and dresidual
+    HAS_DH: tl.constexpr,  # dh present
+    WIDE_ADD: tl.constexpr,  # the add's compute dtype is float64
     HAS_W: tl.constexpr,  # weight present: compute dw partial sums
     HAS_B: tl.constexpr,  # bias present: compute db partial sums
+    ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
     ROWS: tl.constexpr,  # rows per tile
     BLOCK_D: tl.constexpr,  # power of two >= D: a whole row per tile row
 ):
     # Persistent: P programs; program p owns row tiles p, p + P, p + 2P, ... and keeps its share
-    # of dw and db in float32 registers until the end.
+    # of dw and db in registers until the end.
+    CDT: tl.constexpr = MEAN.dtype.element_ty
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     col_ok = cols < D
+    n = tl.zeros([], CDT) + D  # D in the compute dtype (D may be the constant 1)
     if HAS_W:
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_D)
-    acc_dw = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-    acc_db = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
+        scale = _load_scale(W, cols, col_ok, CDT, ZERO_CENTERED)[None, :]  # (1, BLOCK_D)
+    acc_dw = tl.zeros((ROWS, BLOCK_D), dtype=CDT)
+    acc_db = tl.zeros((ROWS, BLOCK_D), dtype=CDT)
     for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
         rows = tile * ROWS + tl.arange(0, ROWS)  # (ROWS,)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]  # (ROWS, BLOCK_D)
         rows64 = rows.to(tl.int64)
-        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        xn = tl.load(XN + rows64[:, None] * stride_xn + cols[None, :], mask=mask, other=0.0)
         dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-        x = x.to(tl.float32)  # (ROWS, BLOCK_D)
-        dy = dy.to(tl.float32)  # (ROWS, BLOCK_D)
+        xn = xn.to(CDT)  # (ROWS, BLOCK_D)
+        dy = dy.to(CDT)  # (ROWS, BLOCK_D)
         mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)  # (ROWS,)
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)  # (ROWS,)
 
-        u = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)  # (ROWS, BLOCK_D)
-        xhat = tl.where(mask, u - (tl.sum(u, axis=1) / D)[:, None], 0.0)  # corrected
+        scaled = rstd < 0  # (ROWS,) rows the forward computed as xn * s
+        s = tl.full((ROWS,), 1.0, CDT)
+        if tl.sum(scaled.to(tl.int32), axis=0) > 0:  # rare
+            s = tl.where(scaled, _pow2_scale(tl.max(tl.abs(xn), axis=1)), 1.0)
+            xn = xn * s[:, None]
+        rstd = tl.abs(rstd)
+        r_x = tl.where(rstd < INF, rstd, 0.0)  # inf only on a constant row with eps = 0
+        if CENTRED:
+            u = tl.where(mask, (xn - mean[:, None]) * r_x[:, None], 0.0)  # (ROWS, BLOCK_D)
+            xhat = tl.where(mask, u - _div(tl.sum(u, axis=1), n)[:, None], 0.0)  # corrected
+        else:
+            xhat = xn * r_x[:, None]  # (ROWS, BLOCK_D)
         if HAS_W:
-            g = dy * w
+            g = dy * scale
         else:
             g = dy
-        mean_g = tl.sum(g, axis=1) / D  # (ROWS,)
-        mean_gxhat = tl.sum(g * xhat, axis=1) / D  # (ROWS,)
-        dx = (g - mean_g[:, None] - xhat * mean_gxhat[:, None]) * rstd[:, None]
-        tl.store(DX + rows64[:, None] * D + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        mean_gxhat = _div(tl.sum(g * xhat, axis=1), n)  # (ROWS,)
+        if CENTRED:
+            dn = g - _div(tl.sum(g, axis=1), n)[:, None] - xhat * mean_gxhat[:, None]
+        else:
+            dn = g - xhat * mean_gxhat[:, None]
+        dn = (dn * rstd[:, None]) * s[:, None]  # (ROWS, BLOCK_D)
+        if HAS_DH:
+            dh = tl.load(DH + rows64[:, None] * stride_dh + cols[None, :], mask=mask, other=0.0)
+        else:
+            dh = dn
+        _store_dx(dn, dh, DX, DR, rows64[:, None] * D + cols[None, :], mask, IS_ADD, HAS_DH,
+                  WIDE_ADD)
         if HAS_W:
             acc_dw += dy * xhat
         if HAS_B:
             acc_db += dy
+    part = pid.to(tl.int64) * D + cols
     if HAS_W:
-        tl.store(DW_PART + pid * D + cols, tl.sum(acc_dw, axis=0), mask=col_ok)
+        tl.store(DW_PART + part, tl.sum(acc_dw, axis=0), mask=col_ok)
     if HAS_B:
-        tl.store(DB_PART + pid * D + cols, tl.sum(acc_db, axis=0), mask=col_ok)
+        tl.store(DB_PART + part, tl.sum(acc_db, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _long_row_absmax(
+    x_row,  # *: start of the row
+    D,  # row length
+    CDT: tl.constexpr,  # compute dtype
+    BLOCK: tl.constexpr,  # elements per loop step
+):
+    """max |x| over the row."""
+    cols = tl.arange(0, BLOCK)  # (BLOCK,)
+    big = tl.zeros((BLOCK,), dtype=CDT)
+    for start in tl.range(0, D, BLOCK):
+        x = tl.load(x_row + start + cols, mask=start + cols < D, other=0.0).to(CDT)
+        big = tl.maximum(big, tl.abs(x))
+    return tl.max(big, axis=0)
 
 
 @triton.jit
 def _bwd_long_rowstats_kernel(
-    X,  # *x.dtype (M, D): forward input, row stride stride_x, unit column stride
     DY,  # *dy.dtype (M, D): gradient of y, row stride stride_dy, unit column stride
+    XN,  # *xn.dtype (M, D): what the forward normalized, row stride stride_xn
     W,  # *w.dtype (D,): weight, or None when HAS_W is False
-    MEAN,  # *float32 (M,): the forward's MEAN
-    RSTD,  # *float32 (M,): the forward's RSTD
-    COEF,  # *float32 (3, M): output, per row mean(u), mean(g), mean(g * xhat)
-    stride_x,  # elements between consecutive rows of X
+    MEAN,  # *T (M,): the forward's MEAN; T, the compute dtype, is MEAN's dtype
+    RSTD,  # *T (M,): the forward's RSTD (negative: a rescaled row)
+    COEF,  # *T (4, M): output, per row mean(u), mean(g), mean(g * xhat) and s
     stride_dy,  # elements between consecutive rows of DY
+    stride_xn,  # elements between consecutive rows of XN
     M,  # number of rows
     D,  # row length
+    CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm (mean(u) = mean(g) = 0)
     HAS_W: tl.constexpr,  # weight present
+    ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
     BLOCK: tl.constexpr,  # elements per loop step
 ):
-    # One program per long row, one pass over it for the three row reductions dx needs.
-    # With u = (x - MEAN) * rstd and xhat = u - mean(u):
+    # One program per long row, one pass over it for the row reductions dx needs (one more,
+    # for max|xn|, on a rescaled row). With u = (xn * s - MEAN) * rstd and xhat = u - mean(u):
     #     sum(g * xhat) = sum(g * u) - mean(u) * sum(g).
+    CDT: tl.constexpr = MEAN.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
+    xn_row = XN + row * stride_xn
+    dy_row = DY + row * stride_dy
     mean = tl.load(MEAN + row)
     rstd = tl.load(RSTD + row)
+    s = tl.full([], 1.0, CDT)
+    if rstd < 0:  # rare: the forward computed the row as xn * s
+        s = _pow2_scale(_long_row_absmax(xn_row, D, CDT, BLOCK))
+    rstd = tl.abs(rstd)
+    r_x = tl.where(rstd < INF, rstd, 0.0)  # inf only on a constant row with eps = 0
+    n = tl.zeros([], CDT) + D  # D in the compute dtype (D may be the constant 1)
     cols = tl.arange(0, BLOCK)  # (BLOCK,)
-    sum_u = tl.zeros((BLOCK,), dtype=tl.float32)  # blocked sums: one lane per column mod BLOCK
-    sum_g = tl.zeros((BLOCK,), dtype=tl.float32)
-    sum_gu = tl.zeros((BLOCK,), dtype=tl.float32)
+    sum_u = tl.zeros((BLOCK,), dtype=CDT)  # blocked sums: one lane per column mod BLOCK
+    sum_g = tl.zeros((BLOCK,), dtype=CDT)
+    sum_gu = tl.zeros((BLOCK,), dtype=CDT)
     for start in tl.range(0, D, BLOCK):
         ok = start + cols < D
-        x = tl.load(X + row * stride_x + start + cols, mask=ok, other=0.0).to(tl.float32)
-        g = tl.load(DY + row * stride_dy + start + cols, mask=ok, other=0.0).to(tl.float32)
+        xn = tl.load(xn_row + start + cols, mask=ok, other=0.0).to(CDT) * s
+        g = tl.load(dy_row + start + cols, mask=ok, other=0.0).to(CDT)
         if HAS_W:
-            g = g * tl.load(W + start + cols, mask=ok, other=0.0).to(tl.float32)
-        u = tl.where(ok, (x - mean) * rstd, 0.0)  # (BLOCK,)
-        sum_u += u
-        sum_g += g
+            g = g * _load_scale(W, start + cols, ok, CDT, ZERO_CENTERED)
+        if CENTRED:
+            u = tl.where(ok, (xn - mean) * r_x, 0.0)  # (BLOCK,)
+            sum_u += u
+            sum_g += g
+        else:
+            u = xn * r_x  # (BLOCK,) xhat
         sum_gu += g * u
-    mean_u = tl.sum(sum_u, axis=0) / D
-    total_g = tl.sum(sum_g, axis=0)
+    if CENTRED:
+        mean_u = _div(tl.sum(sum_u, axis=0), n)
+        total_g = tl.sum(sum_g, axis=0)
+        mean_g = _div(total_g, n)
+        mean_gxhat = _div(tl.sum(sum_gu, axis=0) - mean_u * total_g, n)
+    else:
+        mean_u = tl.zeros([], CDT)
+        mean_g = mean_u
+        mean_gxhat = _div(tl.sum(sum_gu, axis=0), n)
     tl.store(COEF + row, mean_u)
-    tl.store(COEF + M + row, total_g / D)
-    tl.store(COEF + 2 * M + row, (tl.sum(sum_gu, axis=0) - mean_u * total_g) / D)
+    tl.store(COEF + M + row, mean_g)
+    tl.store(COEF + 2 * M + row, mean_gxhat)
+    tl.store(COEF + 3 * M + row, s)
 
 
 @triton.jit
 def _bwd_long_dx_kernel(
-    X,  # *x.dtype (M, D): forward input, row stride stride_x, unit column stride
     DY,  # *dy.dtype (M, D): gradient of y, row stride stride_dy, unit column stride
-    DX,  # *x.dtype (M, D) contiguous: output, gradient of x
+    DH,  # *dh.dtype (M, D): gradient of h, row stride stride_dh; None unless HAS_DH
+    XN,  # *xn.dtype (M, D): what the forward normalized, row stride stride_xn
+    DX,  # *dx.dtype (M, D) contiguous: output, gradient of x
+    DR,  # *dr.dtype (M, D) contiguous: output, gradient of the residual; None unless IS_ADD
     W,  # *w.dtype (D,): weight, or None when HAS_W is False
-    MEAN,  # *float32 (M,): the forward's MEAN
-    RSTD,  # *float32 (M,): the forward's RSTD
-    COEF,  # *float32 (3, M): per row mean(u), mean(g), mean(g * xhat) from the row-stats kernel
-    DW_PART,  # *float32 (P, D): output, row p = chunk p's sum of dy * xhat
-    DB_PART,  # *float32 (P, D): output, row p = chunk p's sum of dy
-    stride_x,  # elements between consecutive rows of X
+    MEAN,  # *T (M,): the forward's MEAN; T, the compute dtype, is MEAN's dtype
+    RSTD,  # *T (M,): the forward's RSTD (negative: a rescaled row)
+    COEF,  # *T (4, M): per row mean(u), mean(g), mean(g * xhat), s from the row-stats kernel
+    DW_PART,  # *T (P, D): output, row p = chunk p's sum of dy * xhat
+    DB_PART,  # *T (P, D): output, row p = chunk p's sum of dy
     stride_dy,  # elements between consecutive rows of DY
+    stride_dh,  # elements between consecutive rows of DH
+    stride_xn,  # elements between consecutive rows of XN
     M,  # number of rows
     D,  # row length
     rows_per_chunk,  # rows owned by one program along axis 0
+    CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm
+    IS_ADD: tl.constexpr,  # add-norm: write dx and dresidual
+    HAS_DH: tl.constexpr,  # dh present
+    WIDE_ADD: tl.constexpr,  # the add's compute dtype is float64
     HAS_W: tl.constexpr,  # weight present: compute dw partial sums
     HAS_B: tl.constexpr,  # bias present: compute db partial sums
+    ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
     BLOCK: tl.constexpr,  # columns owned by one program along axis 1
 ):
     # Program (p, j) owns the rows of chunk p and the columns of block j: it writes their dx and
     # row p, block j of the partial sums.
+    CDT: tl.constexpr = MEAN.dtype.element_ty
     chunk = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
     ok = cols < D
     if HAS_W:
-        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)  # (BLOCK,)
-    acc_dw = tl.zeros((BLOCK,), dtype=tl.float32)
-    acc_db = tl.zeros((BLOCK,), dtype=tl.float32)
+        scale = _load_scale(W, cols, ok, CDT, ZERO_CENTERED)  # (BLOCK,)
+    acc_dw = tl.zeros((BLOCK,), dtype=CDT)
+    acc_db = tl.zeros((BLOCK,), dtype=CDT)
     first = chunk.to(tl.int64) * rows_per_chunk  # int64: row offsets of large tensors
     for row in tl.range(first, tl.minimum(first + rows_per_chunk, M)):
-        x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-        dy = tl.load(DY + row * stride_dy + cols, mask=ok, other=0.0).to(tl.float32)
+        xn = tl.load(XN + row * stride_xn + cols, mask=ok, other=0.0).to(CDT)
+        dy = tl.load(DY + row * stride_dy + cols, mask=ok, other=0.0).to(CDT)
         mean = tl.load(MEAN + row)
-        rstd = tl.load(RSTD + row)
+        rstd = tl.abs(tl.load(RSTD + row))
+        r_x = tl.where(rstd < INF, rstd, 0.0)  # inf only on a constant row with eps = 0
         mean_u = tl.load(COEF + row)
         mean_g = tl.load(COEF + M + row)
         mean_gxhat = tl.load(COEF + 2 * M + row)
-        xhat = tl.where(ok, (x - mean) * rstd - mean_u, 0.0)  # (BLOCK,)
+        s = tl.load(COEF + 3 * M + row)
+        if CENTRED:
+            xhat = tl.where(ok, (xn * s - mean) * r_x - mean_u, 0.0)  # (BLOCK,)
+        else:
+            xhat = (xn * s) * r_x  # (BLOCK,)
         if HAS_W:
-            g = dy * w
+            g = dy * scale
         else:
             g = dy
-        dx = (g - mean_g - xhat * mean_gxhat) * rstd
-        tl.store(DX + row * D + cols, dx.to(DX.dtype.element_ty), mask=ok)
+        dn = ((g - mean_g - xhat * mean_gxhat) * rstd) * s  # (BLOCK,)
+        if HAS_DH:
+            dh = tl.load(DH + row * stride_dh + cols, mask=ok, other=0.0)
+        else:
+            dh = dn
+        _store_dx(dn, dh, DX, DR, row * D + cols, ok, IS_ADD, HAS_DH, WIDE_ADD)
         if HAS_W:
             acc_dw += dy * xhat
         if HAS_B:
             acc_db += dy
+    part = chunk.to(tl.int64) * D + cols
     if HAS_W:
-        tl.store(DW_PART + chunk * D + cols, acc_dw, mask=ok)
+        tl.store(DW_PART + part, acc_dw, mask=ok)
     if HAS_B:
-        tl.store(DB_PART + chunk * D + cols, acc_db, mask=ok)
+        tl.store(DB_PART + part, acc_db, mask=ok)
 
 
 @triton.jit
 def _sum_partials_kernel(
-    DW_PART,  # *float32 (P, D): partial sums of dw, or None when HAS_W is False
-    DB_PART,  # *float32 (P, D): partial sums of db, or None when HAS_B is False
+    DW_PART,  # *T (P, D): partial sums of dw, or None when HAS_W is False
+    DB_PART,  # *T (P, D): partial sums of db, or None when HAS_B is False
     DW,  # *w.dtype (D,): output, dw
     DB,  # *b.dtype (D,): output, db
     P,  # number of partial rows
@@ -443,23 +767,26 @@ def _sum_partials_kernel(
     BLOCK_N: tl.constexpr,  # columns per program
 ):
     # Second stage: column sums of the partial rows, always in the same order (steps of BLOCK_P
-    # rows, then one tree sum), so the result does not depend on scheduling.
+    # rows, then one tree sum), so the result does not depend on scheduling. dw and db are
+    # summed in one sweep: the mask and offsets are computed once per step.
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     col_ok = cols < D
     if HAS_W:
-        acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-        for p0 in tl.range(0, P, BLOCK_P):
-            p = p0 + tl.arange(0, BLOCK_P)  # (BLOCK_P,)
-            mask = (p < P)[:, None] & col_ok[None, :]
-            acc += tl.load(DW_PART + p[:, None] * D + cols[None, :], mask=mask, other=0.0)
-        tl.store(DW + cols, tl.sum(acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
+        acc_w = tl.zeros((BLOCK_P, BLOCK_N), dtype=DW_PART.dtype.element_ty)
     if HAS_B:
-        acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-        for p0 in tl.range(0, P, BLOCK_P):
-            p = p0 + tl.arange(0, BLOCK_P)  # (BLOCK_P,)
-            mask = (p < P)[:, None] & col_ok[None, :]
-            acc += tl.load(DB_PART + p[:, None] * D + cols[None, :], mask=mask, other=0.0)
-        tl.store(DB + cols, tl.sum(acc, axis=0).to(DB.dtype.element_ty), mask=col_ok)
+        acc_b = tl.zeros((BLOCK_P, BLOCK_N), dtype=DB_PART.dtype.element_ty)
+    for p0 in tl.range(0, P, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)  # (BLOCK_P,)
+        mask = (p < P)[:, None] & col_ok[None, :]  # (BLOCK_P, BLOCK_N)
+        offs = p.to(tl.int64)[:, None] * D + cols[None, :]  # (BLOCK_P, BLOCK_N)
+        if HAS_W:
+            acc_w += tl.load(DW_PART + offs, mask=mask, other=0.0)
+        if HAS_B:
+            acc_b += tl.load(DB_PART + offs, mask=mask, other=0.0)
+    if HAS_W:
+        tl.store(DW + cols, _to(tl.sum(acc_w, axis=0), DW.dtype.element_ty), mask=col_ok)
+    if HAS_B:
+        tl.store(DB + cols, _to(tl.sum(acc_b, axis=0), DB.dtype.element_ty), mask=col_ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,6 +795,10 @@ def _sum_partials_kernel(
 
 INTERPRET: bool = isinstance(_fwd_short_kernel, InterpretedFunction)
 """True when Triton runs kernels in its interpreter (TRITON_INTERPRET=1 at import), on CPU."""
+
+_SOFT_BF16 = tl.constexpr(INTERPRET)  # _to rounds to bfloat16 on the bits (the interpreter)
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @dataclass(frozen=True)
@@ -484,19 +815,22 @@ class Plan:
     num_warps: int
 
 
-def _num_warps(elements: int) -> int:
+def _num_warps(values: int) -> int:
     # About 8 float32 values of each tile array per thread: one 16-byte load of 16-bit data.
-    return max(1, min(32, elements // 256))
+    return max(1, min(32, values // 256))
 
 
-def plan(pass_: str, D: int) -> Plan:
-    """The plan of ``pass_`` (``"fwd"`` or ``"bwd"``) for rows of length ``D``."""
-    max_short = MAX_SHORT_D_FWD if pass_ == "fwd" else MAX_SHORT_D_BWD
+def plan(pass_: str, D: int, wide: bool = False) -> Plan:
+    """The plan of ``pass_`` (``"fwd"`` or ``"bwd"``) for rows of length ``D``; ``wide`` for
+    float64 compute, whose values take two registers, so every tile is half as long."""
+    div = 2 if wide else 1
+    max_short = (MAX_SHORT_D_FWD if pass_ == "fwd" else MAX_SHORT_D_BWD) // div
     if D > max_short:
-        return Plan(long=True, block=LONG_BLOCK, rows=1, num_warps=_num_warps(LONG_BLOCK))
+        block = max(1, LONG_BLOCK // div)
+        return Plan(long=True, block=block, rows=1, num_warps=_num_warps(block * div))
     block = triton.next_power_of_2(D)
-    rows = max(1, SHORT_TILE // block)
-    return Plan(long=False, block=block, rows=rows, num_warps=_num_warps(rows * block))
+    rows = max(1, SHORT_TILE // div // block)
+    return Plan(long=False, block=block, rows=rows, num_warps=_num_warps(rows * block * div))
 
 
 @functools.cache
@@ -506,17 +840,18 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _partial_rows(limit: int, programs_per_row: int, M: int, itemsize: int,
+def _partial_rows(limit: int, programs_per_row: int, M: int, itemsize: int, part_itemsize: int,
                   device: torch.device) -> int:
-    """Number P of row owners in the backward, so of float32 partial rows of dw and db.
+    """Number P of row owners in the backward, so of partial rows of dw and db.
 
     At most ``limit``. At least one program (P * ``programs_per_row`` in all) per SM, and up to
     PROGRAMS_PER_SM per SM while writing and re-reading the (P, D) partials of dw and db
-    (16 * P * D bytes) stays within about 3% of the 3 * M * D * itemsize bytes the backward
-    must move; small M gets parallelism at the price of a larger share of partial traffic.
+    (4 * P * D * part_itemsize bytes) stays within about 3% of the 3 * M * D * itemsize bytes
+    the backward must move; small M gets parallelism at the price of a larger share of partial
+    traffic.
     """
     sms = _sm_count(device)
-    budget = (3 * M * itemsize) // (16 * 32)
+    budget = (3 * M * itemsize) // (4 * part_itemsize * 32)
     fill = triton.cdiv(sms, programs_per_row)
     most = triton.cdiv(PROGRAMS_PER_SM * sms, programs_per_row)
     return max(1, min(limit, max(fill, min(most, budget))))
@@ -527,102 +862,221 @@ def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The compute dtype of data of ``dtype``: float64 for float64, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_rows(t: torch.Tensor, name: str, M: int, D: int) -> None:
+    """ValueError unless ``t`` is an (M, D) float tensor the kernels read in place."""
+    if tuple(t.shape) != (M, D):
+        raise ValueError(f"{name} must have shape {(M, D)}, got {tuple(t.shape)}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+    if M > 0 and D > 1 and t.stride(1) != 1:  # an empty tensor is never read
+        raise ValueError(f"{name} must have unit column stride, got strides {t.stride()}")
+
+
+def _check_param(p: torch.Tensor | None, name: str, D: int) -> None:
+    """ValueError unless ``p`` is None or a contiguous (D,) float tensor."""
+    if p is None:
+        return
+    if tuple(p.shape) != (D,) or not p.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous ({D},) tensor, got shape "
+                         f"{tuple(p.shape)}, strides {p.stride()}")
+    if p.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {p.dtype}")
+
+
 def forward(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused forward over the rows of ``x``.
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    *,
+    centred: bool,
+    zero_centered_gamma: bool = False,
+    h_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Fused forward of a norm of the family over the rows of ``x``.
 
     Args:
-        x: (M, D) float16/bfloat16/float32 with unit column stride (any row stride).
-        weight, bias: (D,) contiguous, any of the three float dtypes, or None.
-        eps: positive float added to the variance.
+        x: (M, D), D >= 1, float16/bfloat16/float32/float64, unit column stride (any row stride).
+        residual: (M, D) of any of those dtypes, unit column stride, or None. With it this is
+            the add-norm: h = x + residual in the widest compute dtype of x, residual and h,
+            rounded once to ``h_dtype``, is what is normalized.
+        weight, bias: (D,) contiguous, any of the four dtypes, or None; bias only when centred.
+        eps: float >= 0 added to var (mean(x**2) for RMSNorm); with eps = 0 a constant row
+            gives xhat = 0 (y = bias) and rstd = inf (module docstring, item 1).
+        centred: LayerNorm (True) or RMSNorm (False).
+        zero_centered_gamma: scale by 1 + weight, formed in the compute dtype.
+        h_dtype: h's dtype (default x's); only with a residual.
 
     Returns:
         y: (M, D) contiguous, x's dtype.
-        mean: (M,) float32, the float32 mean the backward starts from.
-        rstd: (M,) float32, 1 / sqrt(var + eps).
+        h: (M, D) contiguous in h_dtype, or None without a residual.
+        mean, rstd: (M,) in the compute dtype of what was normalized (float64 for float64,
+            else float32), what :func:`backward` reads: the mean (zeros for RMSNorm) and
+            1 / sqrt(var + eps); on a rescaled row (module docstring, item 3) the statistics
+            of xn * s, with rstd negated as the mark.
     """
+    if bias is not None and not centred:
+        raise ValueError("bias must be None for RMSNorm (centred=False)")
+    if residual is None and h_dtype is not None:
+        raise ValueError("h_dtype is only for add-norms (a residual)")
+    if x.dim() != 2:
+        raise ValueError(f"x must be (M, D), got shape {tuple(x.shape)}")
     M, D = x.shape
-    y = torch.empty((M, D), dtype=x.dtype, device=x.device)
-    mean = torch.empty(M, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    if D < 1:
+        raise ValueError(f"rows must have D >= 1 elements, got D = {D}")
+    _check_rows(x, "x", M, D)
+    if residual is not None:
+        _check_rows(residual, "residual", M, D)
+    _check_param(weight, "weight", D)
+    _check_param(bias, "bias", D)
+    eps = float(eps)
+    if not eps >= 0.0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    add = residual is not None
+    h_dtype = x.dtype if h_dtype is None else h_dtype
+    if h_dtype not in _DTYPES:
+        raise TypeError(f"h_dtype must be float16, bfloat16, float32 or float64, got {h_dtype}")
+    sdt = _stats_dtype(h_dtype if add else x.dtype)
+    dev = x.device
+    y = torch.empty((M, D), dtype=x.dtype, device=dev)
+    h = torch.empty((M, D), dtype=h_dtype, device=dev) if add else None
+    mean = torch.empty(M, dtype=sdt, device=dev)
+    rstd = torch.empty(M, dtype=sdt, device=dev)
     if M == 0:
-        return y, mean, rstd
-    p = plan("fwd", D)
-    flags = {"HAS_W": weight is not None, "HAS_B": bias is not None}
-    with _on_device(x.device):
+        return y, h, mean, rstd
+    p = plan("fwd", D, wide=sdt == torch.float64)
+    flags = {
+        "CENTRED": centred,
+        "HAS_RESIDUAL": add,
+        "WIDE_ADD": add and torch.float64 in (x.dtype, residual.dtype, h_dtype),
+        "HAS_W": weight is not None,
+        "HAS_B": bias is not None,
+        "ZERO_CENTERED": zero_centered_gamma,
+    }
+    stride_r = residual.stride(0) if add else 0
+    with _on_device(dev):
         if p.long:
             _fwd_long_kernel[(M,)](
-                x, y, weight, bias, mean, rstd, x.stride(0), D, eps,
+                x, residual, h, y, weight, bias, mean, rstd, x.stride(0), stride_r, D, eps,
                 **flags, BLOCK=p.block, num_warps=p.num_warps,
             )
         else:
             _fwd_short_kernel[(triton.cdiv(M, p.rows),)](
-                x, y, weight, bias, mean, rstd, x.stride(0), M, D, eps,
+                x, residual, h, y, weight, bias, mean, rstd, x.stride(0), stride_r, M, D, eps,
                 **flags, ROWS=p.rows, BLOCK_D=p.block, num_warps=p.num_warps,
             )
-    return y, mean, rstd
+    return y, h, mean, rstd
 
 
 def backward(
     dy: torch.Tensor,
-    x: torch.Tensor,
+    dh: torch.Tensor | None,
+    xn: torch.Tensor,
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     mean: torch.Tensor,
     rstd: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Fused backward: dx, and dw/db by the two-stage reduction.
+    *,
+    centred: bool,
+    zero_centered_gamma: bool = False,
+    x_dtype: torch.dtype | None = None,
+    residual_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Fused backward: dx (and dresidual), and dw/db by the two-stage reduction.
 
     Args:
-        dy: (M, D) with unit column stride (any row stride), any of the three float dtypes.
-        x: (M, D) the forward's input, unit column stride.
+        dy: (M, D), unit column stride (any row stride), any of the four dtypes.
+        dh: (M, D) gradient reaching h from the residual stream, unit column stride, or None;
+            add-norms only.
+        xn: (M, D) what the forward normalized: x for a plain norm, h for an add-norm.
         weight: (D,) contiguous or None; bias: (D,) or None (only its dtype is used).
-        mean, rstd: (M,) float32 from :func:`forward`.
+        mean, rstd: (M,) from :func:`forward`.
+        centred, zero_centered_gamma: as for the forward.
+        x_dtype: x's dtype for an add-norm (default xn's).
+        residual_dtype: the residual's dtype; given, this is an add-norm's backward.
 
     Returns:
-        dx: (M, D) contiguous, x's dtype.
+        dx: (M, D) contiguous: xn's dtype for a plain norm, x_dtype for an add-norm.
+        dresidual: (M, D) contiguous in residual_dtype (the same sum as dx, rounded once to
+            each), or None for a plain norm.
         dw: (D,) in weight's dtype, or None without weight.
         db: (D,) in bias's dtype, or None without bias.
     """
-    M, D = x.shape
-    dev = x.device
-    dx = torch.empty((M, D), dtype=x.dtype, device=dev)
+    if bias is not None and not centred:
+        raise ValueError("bias must be None for RMSNorm (centred=False)")
+    if xn.dim() != 2:
+        raise ValueError(f"xn must be (M, D), got shape {tuple(xn.shape)}")
+    M, D = xn.shape
+    add = residual_dtype is not None
+    if dh is not None and not add:
+        raise ValueError("dh is only for add-norms (residual_dtype given)")
+    for t, name in ((dy, "dy"), (xn, "xn"), (dh, "dh")):
+        if t is not None:
+            _check_rows(t, name, M, D)
+    _check_param(weight, "weight", D)
+    _check_param(bias, "bias", D)
+    sdt = _stats_dtype(xn.dtype)
+    if mean.dtype != sdt or rstd.dtype != sdt or mean.shape != (M,) or rstd.shape != (M,):
+        raise ValueError(f"mean and rstd must be ({M},) {sdt}, as the forward returns them")
+    dev = xn.device
+    x_dtype = xn.dtype if x_dtype is None or not add else x_dtype
+    dx = torch.empty((M, D), dtype=x_dtype, device=dev)
+    dr = torch.empty((M, D), dtype=residual_dtype, device=dev) if add else None
     dw = None if weight is None else torch.empty(D, dtype=weight.dtype, device=dev)
     db = None if bias is None else torch.empty(D, dtype=bias.dtype, device=dev)
     if M == 0:
-        return dx, None if dw is None else dw.zero_(), None if db is None else db.zero_()
-    p = plan("bwd", D)
+        return dx, dr, None if dw is None else dw.zero_(), None if db is None else db.zero_()
+    p = plan("bwd", D, wide=sdt == torch.float64)
     has_w, has_b = weight is not None, bias is not None
+    part_size = torch.empty((), dtype=sdt).element_size()
     if p.long:  # P chunks of consecutive rows times col_blocks column blocks
         col_blocks = triton.cdiv(D, p.block)
-        rows_per_chunk = triton.cdiv(M, _partial_rows(M, col_blocks, M, x.element_size(), dev))
+        owners = _partial_rows(M, col_blocks, M, xn.element_size(), part_size, dev)
+        rows_per_chunk = triton.cdiv(M, owners)
         chunks = triton.cdiv(M, rows_per_chunk)
     else:  # P persistent programs, each owning every P-th tile of rows
-        chunks = _partial_rows(triton.cdiv(M, p.rows), 1, M, x.element_size(), dev)
-    dw_part = torch.empty((chunks, D), dtype=torch.float32, device=dev) if has_w else None
-    db_part = torch.empty((chunks, D), dtype=torch.float32, device=dev) if has_b else None
+        chunks = _partial_rows(triton.cdiv(M, p.rows), 1, M, xn.element_size(), part_size, dev)
+    dw_part = torch.empty((chunks, D), dtype=sdt, device=dev) if has_w else None
+    db_part = torch.empty((chunks, D), dtype=sdt, device=dev) if has_b else None
+    flags = {
+        "CENTRED": centred,
+        "IS_ADD": add,
+        "HAS_DH": dh is not None,
+        "WIDE_ADD": add and torch.float64 in (x_dtype, residual_dtype, xn.dtype),
+        "HAS_W": has_w,
+        "HAS_B": has_b,
+        "ZERO_CENTERED": zero_centered_gamma,
+    }
+    stride_dh = 0 if dh is None else dh.stride(0)
     with _on_device(dev):
         if p.long:
-            coef = torch.empty((3, M), dtype=torch.float32, device=dev)
+            coef = torch.empty((4, M), dtype=sdt, device=dev)
             _bwd_long_rowstats_kernel[(M,)](
-                x, dy, weight, mean, rstd, coef, x.stride(0), dy.stride(0), M, D,
-                HAS_W=has_w, BLOCK=p.block, num_warps=p.num_warps,
+                dy, xn, weight, mean, rstd, coef, dy.stride(0), xn.stride(0), M, D,
+                CENTRED=centred, HAS_W=has_w, ZERO_CENTERED=zero_centered_gamma,
+                BLOCK=p.block, num_warps=p.num_warps,
             )
             _bwd_long_dx_kernel[(chunks, col_blocks)](
-                x, dy, dx, weight, mean, rstd, coef, dw_part, db_part,
-                x.stride(0), dy.stride(0), M, D, rows_per_chunk,
-                HAS_W=has_w, HAS_B=has_b, BLOCK=p.block, num_warps=p.num_warps,
+                dy, dh, xn, dx, dr, weight, mean, rstd, coef, dw_part, db_part,
+                dy.stride(0), stride_dh, xn.stride(0), M, D, rows_per_chunk,
+                **flags, BLOCK=p.block, num_warps=p.num_warps,
             )
         else:
             _bwd_short_kernel[(chunks,)](
-                x, dy, dx, weight, mean, rstd, dw_part, db_part, x.stride(0), dy.stride(0), M, D,
-                HAS_W=has_w, HAS_B=has_b, ROWS=p.rows, BLOCK_D=p.block, num_warps=p.num_warps,
+                dy, dh, xn, dx, dr, weight, mean, rstd, dw_part, db_part,
+                dy.stride(0), stride_dh, xn.stride(0), M, D,
+                **flags, ROWS=p.rows, BLOCK_D=p.block, num_warps=p.num_warps,
             )
         if has_w or has_b:
             _sum_partials_kernel[(triton.cdiv(D, REDUCE_BLOCK_N),)](
                 dw_part, db_part, dw, db, chunks, D,
-                HAS_W=has_w, HAS_B=has_b, BLOCK_P=REDUCE_BLOCK_P, BLOCK_N=REDUCE_BLOCK_N,
-                num_warps=REDUCE_NUM_WARPS,
+                HAS_W=has_w, HAS_B=has_b, BLOCK_P=REDUCE_BLOCK_P * 4 // part_size,
+                BLOCK_N=REDUCE_BLOCK_N, num_warps=REDUCE_NUM_WARPS,
             )
-    return dx, dw, db
+    return dx, dr, dw, db
