@@ -2,7 +2,8 @@
 with a hand-derived backward and the tools that prove it.
 
 ``import layernorm`` needs NumPy alone; the fused backends live in ``layernorm.cpu``
-(numba) and ``layernorm.gpu`` (torch + triton) and are imported only when used.
+(numba) and ``layernorm.gpu`` (triton), the PyTorch API in ``layernorm.torch`` (torch and
+numba), each imported only when used.
 """
 
 from .gradcheck import GradcheckError, GradcheckInconclusive, GradcheckReport, check_vjp

@@ -1,32 +1,24 @@
-"""Fused layer norm for PyTorch: Triton kernels, a ``torch.library`` op and a drop-in module.
+"""The Triton kernels of the family (:mod:`layernorm.gpu.kernels`), which
+:mod:`layernorm.torch` runs on CUDA tensors.
 
-    from layernorm.gpu import layer_norm, LayerNorm
-    y = layer_norm(x, (D,), weight, bias)      # like torch.nn.functional.layer_norm
-    norm = LayerNorm(D)                         # a torch.nn.LayerNorm, with our kernels
+    from layernorm.gpu import layer_norm, LayerNorm      # aliases of layernorm.torch's
 
-Needs the optional extra ``gpu`` (torch and triton). Tensors live on a CUDA device, or on the
-CPU when ``TRITON_INTERPRET=1`` is set before triton is imported (Triton's interpreter: slow,
-for tests). ``layer_norm`` and ``LayerNorm`` are imported on first use, so that
-``layernorm.bench.gpu`` (results and report section) works on machines without torch.
+The public PyTorch API is :mod:`layernorm.torch` (CPU and CUDA tensors); the names here are
+aliases of its own, kept so code written against ``layernorm.gpu`` keeps working. Needs torch
+(and triton for CUDA). The names are imported on first use, so that ``layernorm.bench.gpu``
+(results and report section) works on machines without torch.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LayerNorm", "layer_norm"]
+__all__ = ["LayerNorm", "RMSNorm", "add_layer_norm", "add_rms_norm", "layer_norm", "rms_norm"]
 
 
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'layernorm.gpu' has no attribute {name!r}")
-    try:
-        from . import api
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("torch", "triton"):
-            raise
-        raise ImportError(
-            f"layernorm.gpu.{name} needs torch and triton ({exc.name} is not installed): "
-            "pip install 'layernorm[gpu]'"
-        ) from exc
-    return getattr(api, name)
+    import layernorm.torch
+
+    return getattr(layernorm.torch, name)
