@@ -82,7 +82,8 @@ def fwd(
 
         y, h, mean, rstd = kernels.forward(
             x, residual, weight, bias, eps, centred=centred,
-            zero_centered_gamma=zero_centered_gamma, h_dtype=h_dtype,
+            zero_centered_gamma=zero_centered_gamma,
+            h_dtype=None if residual is None else h_dtype,
         )
         return y, x.new_empty((0,)) if h is None else h, mean, rstd
     return _cpu.forward(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype)
