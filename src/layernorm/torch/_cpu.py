@@ -51,9 +51,9 @@ _BIG = 4 << 20  # bytes: from here on NumPy asks the kernel for transparent huge
 def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     """A new (M, D) output. A large one is allocated by NumPy, which advises the kernel to back
     it with transparent huge pages (torch's CPU allocator does not, unless THP_MEM_ALLOC_ENABLE
-    is set): the kernels' first touch of fresh output pages then costs about a quarter as much
-    (4096 x 4096 float32, allocate and fill: 16 ms against 60 ms on the development VM). Such
-    a tensor's storage cannot be resized, which activations and gradients never need."""
+    is set): the kernels' first touch of fresh output pages then faults in a few large pages
+    instead of thousands of small ones. Such a tensor's storage cannot be resized, which
+    activations and gradients never need."""
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _BIG:
         return torch.empty(shape, dtype=dtype)
