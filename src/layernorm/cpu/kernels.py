@@ -471,17 +471,7 @@ def _write_dx_tile(xt, dyt, dht, zp, scale, st, dxt, drt, pg, pb):
         gb = scale[j0:j1]
         pgb = pg[j0:j1]
         pbb = pb[j0:j1]
-        if not add:
-            for j in range(a0.shape[0]):
-                g = gb[j]
-                v0, d0, x0 = _dx(a0[j], b0[j], g, h0, l0, r0, g0, q0)
-                v1, d1, x1 = _dx(a1[j], b1[j], g, h1, l1, r1, g1, q1)
-                v2, d2, x2 = _dx(a2[j], b2[j], g, h2, l2, r2, g2, q2)
-                v3, d3, x3 = _dx(a3[j], b3[j], g, h3, l3, r3, g3, q3)
-                c0[j], c1[j], c2[j], c3[j] = _to(v0, xz), _to(v1, xz), _to(v2, xz), _to(v3, xz)
-                pgb[j] = (((pgb[j] + d0 * x0) + d1 * x1) + d2 * x2) + d3 * x3
-                pbb[j] = (((pbb[j] + d0) + d1) + d2) + d3
-        elif with_dh:
+        if with_dh:  # an add-norm given dh: dx = dh + the norm's dx, added in zp's type
             for j in range(a0.shape[0]):
                 g = gb[j]
                 v0, d0, x0 = _dx(a0[j], b0[j], g, h0, l0, r0, g0, q0)
