@@ -19,7 +19,7 @@ from torch import Tensor
 from ..cpu import kernels
 from ..cpu.kernels import NSTATS
 
-__all__ = ["backward", "forward", "stats_shapes"]
+__all__ = ["backward", "compute_dtype", "forward", "stats_shapes"]
 
 _STORAGE = {torch.float16: np.dtype(np.uint16), torch.bfloat16: np.dtype(np.int16),
             torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
@@ -60,8 +60,9 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     return torch.from_numpy(np.empty(shape, _STORAGE[dtype])).view(dtype)
 
 
-def _compute(*dtypes: torch.dtype) -> torch.dtype:
-    """float64 if any of ``dtypes`` is float64, else float32: where the kernels compute."""
+def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """float64 if any of ``dtypes`` is float64, else float32: where every backend's kernels
+    compute, and the dtype of their statistics."""
     return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
@@ -90,7 +91,7 @@ def forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Ten
     (M, NSTATS) float64 and check (M,) int64; x and residual (M, D) any float dtypes."""
     m, d = x.shape
     x = x.contiguous()
-    cdt = _compute(h_dtype if residual is not None else x.dtype)
+    cdt = compute_dtype(h_dtype if residual is not None else x.dtype)
     y = _empty((m, d), x.dtype)
     stats = torch.empty(stats_shapes(m)[0], dtype=torch.float64)
     check = torch.empty(stats_shapes(m)[1], dtype=torch.int64)
@@ -100,7 +101,7 @@ def forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Ten
         residual = residual.contiguous()
         h = _empty((m, d), h_dtype)
         r2, h2 = _np(residual), _np(h)
-        zp = _scalar(_compute(x.dtype, residual.dtype, h_dtype))
+        zp = _scalar(compute_dtype(x.dtype, residual.dtype, h_dtype))
     else:
         h = x.new_empty((0,))
         r2 = h2 = np.empty((m, 0), _STORAGE[x.dtype])
@@ -122,16 +123,16 @@ def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
     """
     m, d = xn.shape
     xn = xn.contiguous()
-    cdt = _compute(xn.dtype)
+    cdt = compute_dtype(xn.dtype)
     scale = _scale(weight, d, cdt, zero_centered_gamma)
-    dy = dy.contiguous() if _compute(dy.dtype) == cdt else dy.to(cdt).contiguous()
+    dy = dy.contiguous() if compute_dtype(dy.dtype) == cdt else dy.to(cdt).contiguous()
     dx = _empty((m, d), xn.dtype if x_dtype is None else x_dtype)
     if residual_dtype is not None:
-        adt = _compute(dx.dtype, residual_dtype, cdt)  # where dh and the norm's dx are summed
+        adt = compute_dtype(dx.dtype, residual_dtype, cdt)  # where dh and the norm's dx are summed
         dres = _empty((m, d), residual_dtype)
         dres2 = _np(dres)
         if dh is not None:
-            dh = dh.contiguous() if _compute(dh.dtype) == adt else dh.to(adt).contiguous()
+            dh = dh.contiguous() if compute_dtype(dh.dtype) == adt else dh.to(adt).contiguous()
     else:
         adt = cdt
         dres = xn.new_empty((0,))

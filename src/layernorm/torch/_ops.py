@@ -59,10 +59,6 @@ def _uses_triton(t: Tensor) -> bool:
     return t.device.type != "cpu" or _TRITON_ON_CPU
 
 
-def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 @torch.library.custom_op("layernorm::fwd", mutates_args=())
 def fwd(
     x: Tensor,
@@ -95,7 +91,7 @@ def _fwd_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dt
     y = x.new_empty((m, d))
     h = x.new_empty((0,)) if residual is None else x.new_empty((m, d), dtype=h_dtype or x.dtype)
     if _uses_triton(x):
-        sdt = _stats_dtype(x.dtype if residual is None else h_dtype or x.dtype)
+        sdt = _cpu.compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
         return y, h, x.new_empty((m,), dtype=sdt), x.new_empty((m,), dtype=sdt)
     s, c = _cpu.stats_shapes(m)
     return y, h, x.new_empty(s, dtype=torch.float64), x.new_empty(c, dtype=torch.int64)
@@ -160,7 +156,7 @@ def composite_backward(
     xhat·mean(g·xhat)) (no mean(g) for RMSNorm), dweight = Σ dy·xhat, dbias = Σ dy, and
     dx = dresidual = dh + dnorm for an add-norm.
     """
-    cdt = _stats_dtype(xn.dtype)
+    cdt = _cpu.compute_dtype(xn.dtype)
     x = xn.to(cdt)
     xc = x - x.mean(-1, keepdim=True) if centred else x
     rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + eps)
