@@ -3,6 +3,7 @@ the report file, python -m."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -11,15 +12,18 @@ import pytest
 
 from layernorm import reference, selfcheck
 from layernorm.commands import cli, report
+from layernorm.commands import shape as commands_shape
 from layernorm.family import NORMS
 
 NORM_NAMES = list(NORMS)
 
 
 def _table_rows(out: str) -> list[str]:
-    """The table's body rows: they start with a norm's title."""
-    titles = tuple(n.title + " " for n in NORMS.values())
-    return [line for line in out.splitlines() if line.startswith(titles)]
+    """The Markdown table's body rows, as "cell  cell  ...  result" with the cells'
+    padding dropped: they start with a norm's title."""
+    titles = tuple(f"| {n.title} |" for n in NORMS.values())
+    return ["  ".join(c.strip() for c in line.strip("|").split("|"))
+            for line in out.splitlines() if line.startswith(titles)]
 
 
 def test_check_passes_and_prints_table(capsys):
@@ -30,7 +34,7 @@ def test_check_passes_and_prints_table(capsys):
     rows = _table_rows(out)
     assert rows and all(r.rstrip().endswith("pass") for r in rows)
     for nm in NORMS.values():
-        mine = [r for r in rows if r.startswith(nm.title + " ")]
+        mine = [r for r in rows if r.startswith(nm.title + "  ")]
         assert any("finite differences (fast)" in r for r in mine), nm.name
         assert any("1+gamma" in r for r in mine), nm.name
     assert "float16" in out and "FAIL" not in out
@@ -92,37 +96,153 @@ def test_check_norm_option_picks_the_norms(capsys):
     assert len(rows) == len(selfcheck.run_checks(norms=["rms_norm", "add_rms_norm"]))
 
 
-@pytest.mark.parametrize("argv", [
-    ["check", "--norm", "batch_norm"],
-    ["check", "--seed", "-1"],
-    ["check", "--seed", "one"],
-    ["cost", "--norm", "layernorm"],
-    ["cost", "--shape", "4096"],
-    ["cost", "--shape", "4096 by 1024"],
-    ["cost", "--shape", "0x1024"],
-    ["cost", "--dtype", "int8"],
-    ["cost", "--bandwidth", "0"],
-    ["cost", "--bandwidth", "fast"],
-], ids=lambda a: " ".join(a))
-def test_command_line_mistakes_are_one_line_and_exit_2(argv, capsys):
-    """Protects check and cost from tracebacks and usage blocks: a mistake is one line on
-    stderr naming the option, and exit status 2."""
-    with pytest.raises(SystemExit) as exc:
-        cli.main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and argv[1] in err and "Traceback" not in err
+def _exit_and_stderr(argv: list[str], capsys) -> tuple[int, str]:
+    """Run the command line; its exit status (argparse's SystemExit or run's return) and
+    stderr."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["--bogus"], "--bogus"),
+    ([], "a command is needed"),
+    (["check", "--norm", "batch_norm"], "--norm"),
+    (["check", "--seed", "-1"], "--seed"),
+    (["check", "--seed", "one"], "--seed"),
+    (["cost", "--norm", "layernorm"], "--norm"),
+    (["cost", "--shape", "10"], "--shape"),
+    (["cost", "--shape", "0x5"], "--shape"),
+    (["cost", "--shape", "axb"], "--shape"),
+    (["cost", "--shape", "4096 by 1024"], "--shape"),
+    (["cost", "--shape", "-4x8"], "--shape"),
+    (["cost", "--dtype", "int8"], "--dtype"),
+    (["cost", "--bandwidth", "-5"], "--bandwidth"),
+    (["cost", "--bandwidth", "0"], "--bandwidth"),
+    (["cost", "--bandwidth", "fast"], "--bandwidth"),
+    (["cost", "--bandwidth", "nan"], "--bandwidth"),
+    (["bench", "--shape", "10"], "--shape"),
+    (["bench", "--shape", "8x0"], "--shape"),
+    (["bench", "--dtype", "float8"], "--dtype"),
+    (["bench", "--threads", "0"], "--threads"),
+    (["bench", "--rounds", "many"], "--rounds"),
+    (["bench", "--impl", "jax"], "--impl"),
+    (["bench", "--device", "tpu"], "--device"),
+    (["bench", "--out", "/proc/forbidden/run.json"], "--out"),
+    (["stability", "--seed", "-1"], "--seed"),
+    (["stability", "--plot", "/proc/forbidden/sweep.png"], "--plot"),
+    (["stability", "--plot", "sweep.pdf"], "--plot"),
+    (["report", "--out", "/proc/forbidden"], "--out"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else None)
+def test_command_line_mistakes_are_one_line_and_exit_2(argv, names, capsys, tmp_path,
+                                                       monkeypatch):
+    """Protects every command from tracebacks and usage blocks: a mistake is one line on
+    stderr naming the option (or what is missing), exit status 2, before any work is done."""
+    monkeypatch.chdir(tmp_path)  # a relative --plot or --out would land here
+    code, err = _exit_and_stderr(argv, capsys)
+    assert code == 2
+    assert len(err.splitlines()) == 1 and names in err and "Traceback" not in err
+    assert err.startswith("layernorm")
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_one_shape_rule_for_every_command():
+    """Protects the shape rule: cost, bench and the GPU sweep accept and refuse the same
+    texts, through one parser."""
+    from layernorm.bench import gpu
+    from layernorm.commands import bench, cost
+
+    parsers = {name: cli.build_parser()._subparsers._group_actions[0].choices[name]
+               for name in ("bench", "cost")}
+    for name, parser in parsers.items():
+        shape_action = next(a for a in parser._actions if a.dest == "shape")
+        assert shape_action.type is commands_shape, name
+    assert commands_shape("8x512x768") == (8, 512, 768) and commands_shape("2X3") == (2, 3)
+    assert gpu.parse_shapes(["8x512x768"], quick=False) == [(4096, 768)]
+    assert bench.parse_shape is commands_shape and cost.shape is commands_shape
+
+
+def test_bench_device_cuda_without_a_gpu_exits_2(monkeypatch, capsys):
+    """Protects `layernorm bench --device cuda` on a machine without a GPU: one line naming
+    --device and the reason, exit 2, nothing measured."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, err = _exit_and_stderr(["bench", "--device", "cuda", "--shape", "64x64"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "--device" in err and "no CUDA device" in err
+
+
+def test_a_missing_optional_dependency_is_one_line(monkeypatch, capsys):
+    """Protects the commands where an extra is not installed: torch missing makes `bench
+    --device cuda` say so, and any command whose run meets a missing optional package names
+    the package and the extra to install, exit 2, no traceback."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+    code, err = _exit_and_stderr(["bench", "--device", "cuda"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "needs torch" in err
+
+    from layernorm.commands import cost
+
+    def needs_matplotlib(args):
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr(cost, "run", needs_matplotlib)
+    code, err = _exit_and_stderr(["cost"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "needs matplotlib" in err and "pip install -e '.[dev]'" in err
+
+    def a_bug(args):  # a missing module of our own is a bug: it is not hidden
+        raise ModuleNotFoundError("No module named 'layernorm.nothing'", name="layernorm.nothing")
+
+    monkeypatch.setattr(cost, "run", a_bug)
+    with pytest.raises(ModuleNotFoundError):
+        cli.main(["cost"])
+
+
+def test_help_is_plain_text(capsys):
+    """Protects --help: no reStructuredText roles or double-backtick literals in any
+    command's help, and no words about the project's history."""
+    for argv in ([], *([name] for name in cli.COMMANDS)):
+        with pytest.raises(SystemExit) as exc:
+            cli.main([*argv, "--help"])
+        assert exc.value.code == 0
+        text = capsys.readouterr().out
+        assert "``" not in text and not re.search(r":[a-z]+:`", text), argv
+        assert not re.search(r"\b(issue|commit|session)s?\b", text, re.I), argv
+
+
+def test_plain_reduces_markup_to_words():
+    """Protects the help's conversion: roles, literals and emphasis become their words, and
+    a product like a * b is left alone."""
+    assert cli.plain("``layernorm cost`` (:mod:`layernorm.cost`, :func:`~a.b`)") == (
+        "layernorm cost (layernorm.cost, a.b)")
+    assert cli.plain("the *minimal bytes* of a * b") == "the minimal bytes of a * b"
 
 
 def test_report_writes_markdown(tmp_path, monkeypatch):
-    """Protects `layernorm report`: a README.md with the machine table and each section."""
+    """Protects `layernorm report`: README.md opens with the summary (each section's verdict
+    linking to its section) before the machine table and the sections' details."""
     monkeypatch.setattr(report, "SECTIONS",
                         [("Gradient checks", "layernorm.commands.check:report_section")])
     assert cli.main(["report", "--out", str(tmp_path), "--quick"]) == 0
     text = (tmp_path / "README.md").read_text()
     assert text.startswith("# layernorm report")
+    summary, machine, details = (text.index("## Summary"), text.index("## Machine"),
+                                 text.index("## Gradient checks"))
+    assert summary < machine < details
+    line = next(ln for ln in text.splitlines() if ln.startswith("- **Gradient checks**"))
+    assert "(#gradient-checks)" in line and "pass: all " in line
     assert "| numpy | " + np.__version__ + " |" in text
-    assert "## Gradient checks" in text and "0 failed" in text
+    assert "0 failed" in text[details:] and "<details><summary>All " in text[details:]
+
+
+def test_anchor_matches_the_headings():
+    """Protects the summary's links: the anchor of each section title as Markdown renderers
+    make it."""
+    assert report.anchor("CPU kernels and bandwidth") == "#cpu-kernels-and-bandwidth"
+    assert report.anchor("GPU kernels") == "#gpu-kernels"
+    assert report.anchor("Numerical stability") == "#numerical-stability"
 
 
 def test_every_report_section_and_command_resolves():

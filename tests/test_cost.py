@@ -228,5 +228,5 @@ def test_cost_command_prints_the_model(capsys):
     assert cli.main(["cost", "--shape", "64x1024", "--norm", "rms_norm"]) == 0
     out = capsys.readouterr().out
     assert out.count("| RMSNorm |") == 4 and "LayerNorm" not in out  # 2 dtypes, 2 passes
-    with pytest.raises(ValueError, match="shape must look like"):
-        command.table(["4096 by 1024"], ["float32"], None)
+    with pytest.raises(ValueError, match="at least two positive extents"):
+        command.table([(4096,)], ["float32"], None)

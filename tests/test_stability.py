@@ -3,7 +3,9 @@ that docs/numerics.md quotes from it."""
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -44,13 +46,52 @@ def test_command_exits_1_when_a_target_fails(monkeypatch, capsys):
 
 def test_report_section_embeds_plot_and_tables(tmp_path):
     """Protects the report section: a PNG in the report folder, linked from valid Markdown
-    tables."""
+    tables, the later tables folded, and a verdict for the summary that counts the targets
+    and quotes the float32 offset-1e4 row."""
     ctx = report.ReportContext(outdir=tmp_path, quick=True)
-    md = command.report_section(ctx)
+    sec = command.report_section(ctx)
+    md = sec.body
     assert (tmp_path / "stability.png").read_bytes()[:4] == b"\x89PNG"
-    assert "![error against offset](stability.png)" in md
-    assert "| case | dtype | naive |" in md and "all targets met" in md
+    assert "(stability.png)" in md and "![Error of each variance algorithm" in md
+    assert "| case | dtype | naive |" in md and "All targets met" in md
     assert "| zero variance, \\|x\\| < 5 (absolute error) |" in md  # cell pipes escaped
+    assert md.count("<details>") == 4 and md.count("</details>") == 4  # all tables but the first
+    [line] = sec.summary
+    assert line.startswith("all ") and " targets met against an exact oracle" in line
+    assert int(line.split()[1]) == md.count("| pass |")  # each target row: "| pass | oracle |"
+    assert "offset 1e4" in line and "relative error of" in line
+
+
+def test_report_section_without_matplotlib(tmp_path, monkeypatch):
+    """Protects the report where matplotlib is missing: the section says so instead of
+    failing, and writes no plot."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    sec = command.report_section(report.ReportContext(outdir=tmp_path, quick=True))
+    assert "matplotlib is not installed" in sec.body and not (tmp_path / "stability.png").exists()
+
+
+def test_plot_has_one_panel_per_dtype_with_data(tmp_path, monkeypatch):
+    """Protects the plot's readability: a dtype with a single offset gets no panel (it is named
+    in the title instead), each panel's offset axis ends at its own data, and non-finite
+    errors are marked rather than dropped."""
+    import matplotlib.figure
+
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda self, path, **kw: saved.append(self))
+    sweep = {"bfloat16": {"naive": [(1.0, 0.1)]},
+             "float16": {"naive": [(1.0, 1e-3), (1e2, math.inf)]},
+             "float64": {"naive": [(1.0, 1e-16), (1e14, 0.5)]}}
+    stability.plot_sweep(sweep, tmp_path / "p.png")
+    [fig] = saved
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == ["float16", "float64"]
+    assert "bfloat16" in fig._suptitle.get_text()
+    assert axes[0].get_xlim()[1] < 1e3 and axes[1].get_xlim()[1] > 1e13
+    assert any(line.get_marker() == "x" for line in axes[0].get_lines())
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "unit roundoff of the dtype" in labels and "overflow or NaN (drawn at the top)" in labels
 
 
 def test_offset_sweep_shows_the_correction_working():

@@ -69,11 +69,18 @@ def as_float_array(a: object, name: str) -> np.ndarray:
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """``"4096x1024"`` or ``"8x512x768"`` -> a tuple of positive extents (ValueError if not)."""
-    try:
-        shape = tuple(int(p) for p in text.strip().lower().split("x"))
-    except ValueError:
-        raise ValueError(f"shape must look like 4096x1024, got {text!r}") from None
+    """``"4096x1024"`` or ``"8x512x768"`` -> its extents: the one rule for a shape given as text.
+
+    At least two positive integer extents separated by ``x``: the rows M (the product of the
+    leading extents) and the normalized length D. ValueError naming the problem otherwise.
+    """
+    parts = text.strip().lower().split("x")
+    if not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"shape must be sizes joined by 'x', like 4096x1024, got {text!r}")
+    shape = tuple(int(p) for p in parts)
+    if len(shape) < 2:
+        raise ValueError(f"shape needs the rows and the row length, like 4096x1024 or "
+                         f"8x512x768, got {text!r}")
     if min(shape) < 1:
         raise ValueError(f"shape extents must be >= 1, got {text!r}")
     return shape

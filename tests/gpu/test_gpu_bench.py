@@ -46,15 +46,13 @@ def test_default_sweep():
 
 
 def test_parse_shapes():
-    """Protects --shape: tuples from `layernorm bench --shape` (leading extents multiply into
-    M; a 1-tuple is N), 'MxN', 'N' and ints (default M); bad values are named."""
-    assert bench.parse_shapes([(64, 1000), (2, 8, 512), (4096,), "3x5", "8192", 1024],
-                              quick=False) == [(64, 1000), (16, 512), (32768, 4096), (3, 5),
-                                               (32768, 8192), (32768, 1024)]
-    with pytest.raises(ValueError, match="shape"):
-        bench.parse_shapes(["64 by 1000"], quick=False)
-    with pytest.raises(ValueError, match="shape"):
-        bench.parse_shapes([(0, 10)], quick=False)
+    """Protects --shape on CUDA: the rule of every command (at least two positive extents,
+    leading extents multiply into M), as tuples or 'MxN'; anything else is refused, named."""
+    assert bench.parse_shapes([(64, 1000), (2, 8, 512), "3x5"], quick=False) == [
+        (64, 1000), (16, 512), (3, 5)]
+    for bad in (["64 by 1000"], [(0, 10)], [(4096,)], ["8192"], [1024], [(True, 8)]):
+        with pytest.raises(ValueError, match="shape"):
+            bench.parse_shapes(bad, quick=False)
 
 
 # (M, N) arrays read and written, and parameters (read forward; read and their gradients
@@ -134,8 +132,10 @@ def test_report_section_without_results(tmp_path, monkeypatch):
     """Protects the report before any GPU run: it says plainly there are no measurements and
     gives the command that makes them."""
     monkeypatch.chdir(tmp_path)
-    text = command.gpu_report_section(SimpleNamespace(outdir=tmp_path, quick=True))
-    assert "No GPU measurements exist yet" in text and "`layernorm bench --device cuda`" in text
+    sec = command.gpu_report_section(SimpleNamespace(outdir=tmp_path, quick=True))
+    assert "No GPU measurements exist yet" in sec.body
+    assert "`layernorm bench --device cuda`" in sec.body
+    assert sec.summary[0].startswith("not measured")
 
 
 def test_report_section_with_results(tmp_path, monkeypatch):
@@ -148,10 +148,12 @@ def test_report_section_with_results(tmp_path, monkeypatch):
     bench.write_results(rows, None, "NVIDIA H100 80GB HBM3")
     out = tmp_path / "report"
     out.mkdir()
-    text = command.gpu_report_section(SimpleNamespace(outdir=out, quick=True))
+    sec = command.gpu_report_section(SimpleNamespace(outdir=out, quick=True))
+    text = sec.body
     assert "NVIDIA H100" in text and "| layer_norm | bfloat16 | bwd | 4096 |" in text
     assert "| rms_norm | bfloat16 | fwd | 131072 |" in text
-    assert "![fraction of copy bandwidth](gpu-bandwidth.png)" in text
+    assert "(gpu-bandwidth.png)" in text and "<details>" in text
+    assert "measured on NVIDIA H100" in sec.summary[0] and "1 row failed" in sec.summary[0]
     assert (out / "gpu-bandwidth.png").stat().st_size > 0
 
 

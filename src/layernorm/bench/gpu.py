@@ -113,26 +113,23 @@ def rows_for(N: int) -> int:
 
 
 def parse_shapes(specs: Sequence[Any] | None, quick: bool) -> list[tuple[int, int]]:
-    """(M, N) pairs from ``--shape`` values: a shape tuple (M is the product of the leading
-    extents; a 1-tuple is N alone), ``"MxN"``, ``"N"`` or an int N; N alone gets M from
-    :func:`rows_for`. None gives the default sweep (a shorter one with ``quick``)."""
+    """(M, N) pairs from ``--shape`` values: tuples of at least two positive extents (as
+    :func:`layernorm.commands.shape` parses them; the leading extents multiply into M) or
+    their text, ``"MxN"``. None gives the default sweep (a shorter one with ``quick``), where
+    :func:`rows_for` picks M."""
     if not specs:
         return [(rows_for(n), n) for n in (QUICK_NS if quick else NS)]
     shapes = []
     for spec in specs:
         if isinstance(spec, str):
-            dims = list(parse_shape(spec))
-        elif isinstance(spec, (tuple, list)) and spec and all(
-                isinstance(d, int) and not isinstance(d, bool) for d in spec):
-            dims = list(spec)
-        elif isinstance(spec, int) and not isinstance(spec, bool):
-            dims = [spec]
+            dims = parse_shape(spec)
+        elif (isinstance(spec, (tuple, list)) and len(spec) >= 2
+              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in spec)):
+            dims = tuple(spec)
         else:
-            raise ValueError(f"shape must be 'MxN', 'N' or a tuple of ints, got {spec!r}")
-        if min(dims) < 1:
-            raise ValueError(f"shape extents must be >= 1, got {spec!r}")
-        n = dims[-1]
-        shapes.append((math.prod(dims[:-1]) if len(dims) > 1 else rows_for(n), n))
+            raise ValueError(f"shape must be 'MxN' or a tuple of at least two positive ints, "
+                             f"got {spec!r}")
+        shapes.append((math.prod(dims[:-1]), dims[-1]))
     return shapes
 
 
@@ -681,19 +678,18 @@ class CudaSession:
 
 
 def unavailable() -> str | None:
-    """Why :func:`measure` cannot run here (a sentence naming the command), or None."""
+    """Why :func:`measure` cannot run here (a clause: "no CUDA device ..."), or None."""
     try:
         import torch
 
         from ..gpu import kernels
     except ImportError as exc:
-        return f"{COMMAND} needs torch and triton ({exc}): pip install 'layernorm[gpu]'"
+        return f"needs torch and triton ({exc}): from a checkout, pip install -e '.[gpu]'"
     if not torch.cuda.is_available():
-        return (f"{COMMAND}: no CUDA device is available here, so there is nothing to measure. "
-                "Run it on a machine with an NVIDIA GPU.")
+        return "no CUDA device is available here, so there is nothing to measure"
     if kernels.INTERPRET:
-        return (f"{COMMAND}: TRITON_INTERPRET=1 is set, which runs kernels in the interpreter; "
-                "unset it to measure.")
+        return ("TRITON_INTERPRET=1 is set, which runs the kernels in Triton's interpreter; "
+                "unset it to measure")
     return None
 
 

@@ -30,11 +30,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import _validate
 from ..bench import gpu, providers, results
 from ..bench.harness import STANDARD_SHAPES, Case, first_call_latency, run_bench, set_threads
 from ..dtypes import NAMES
-from . import one_line_errors
+from . import count, shape, usage_error, writable
+from .report import Section, folded
 
 __all__ = ["OURS", "REPORT_SHAPES", "add_arguments", "gpu_report_section", "parse_shape",
            "report_section", "run", "run_cuda"]
@@ -76,29 +76,12 @@ def _run_bench(cases: list[Case], backends: list[str], rounds: int, quick: bool)
     return result
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``"4096x1024"`` -> (4096, 1024), for argparse: every extent a positive integer."""
-    try:
-        return _validate.parse_shape(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _at_least_one(text: str) -> int:
-    """An integer >= 1, for argparse (--rounds, --threads)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+parse_shape = shape  # the one shape rule of every command (layernorm.commands.shape)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    one_line_errors(parser)
-    parser.add_argument("--shape", action="append", type=parse_shape,
-                        help="shape like 4096x1024 (repeatable; replaces the standard shapes "
+    parser.add_argument("--shape", action="append", type=shape,
+                        help="MxD or AxBxD (repeatable; replaces the standard shapes "
                              + ", ".join("x".join(map(str, s)) for s in STANDARD_SHAPES) + ")")
     parser.add_argument("--dtype", action="append", choices=NAMES,
                         help="dtype (repeatable; default float32)")
@@ -106,9 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="norm (repeatable; default: every norm of the family)")
     parser.add_argument("--impl", action="append", choices=providers.BACKENDS,
                         help="implementation (repeatable; default: every one that runs here)")
-    parser.add_argument("--threads", type=_at_least_one, help="threads for Numba and PyTorch "
+    parser.add_argument("--threads", type=count, help="threads for Numba and PyTorch "
                         "(default: Numba's default, all cores)")
-    parser.add_argument("--rounds", type=_at_least_one, help="rounds of interleaved batches "
+    parser.add_argument("--rounds", type=count, help="rounds of interleaved batches "
                         "(default 9, 5 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter batches")
     parser.add_argument("--out", type=Path, help="JSON file (default bench/results/"
@@ -132,21 +115,26 @@ def _runnable(norm: str, wanted: list[str]) -> list[str]:
     return impls
 
 
+PROG = "layernorm bench"
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:  # on CUDA, --out may name a folder
+        folder = args.device == "cuda" and args.out.suffix.lower() != ".json"
+        if (problem := writable(args.out, folder=folder)) is not None:
+            return usage_error(PROG, f"argument --out: {problem}")
     if args.device == "cuda":
         return run_cuda(args)
     if args.threads is not None:
         try:
             set_threads(args.threads)
         except ValueError as exc:  # more than Numba's NUMBA_NUM_THREADS
-            print(f"layernorm bench: --threads {args.threads}: {exc}", file=sys.stderr)
-            return 2
+            return usage_error(PROG, f"argument --threads: {exc}")
     norms = args.norm or providers.norms()
     impls = _runnable(norms[0], args.impl or list(providers.BACKENDS))
     if not impls:
-        print("layernorm bench: none of the implementations asked for runs here",
-              file=sys.stderr)
-        return 2
+        return usage_error(PROG, "argument --impl: none of the implementations asked for "
+                                 "runs here")
     cases = [Case(s, d, n) for n in norms for s in (args.shape or STANDARD_SHAPES)
              for d in (args.dtype or ["float32"])]
     rounds = args.rounds or (5 if args.quick else 9)
@@ -187,19 +175,18 @@ def run_cuda(args: argparse.Namespace) -> int:
     """
     reason = gpu.unavailable()
     if reason is not None:
-        print(reason)
-        return 2
+        return usage_error(PROG, f"argument --device: {reason}")
     dtypes = list(args.dtype or gpu.DEFAULT_DTYPES)
     unknown = [d for d in dtypes if d not in gpu.GPU_DTYPES]
     if unknown:
-        print(f"{gpu.COMMAND}: dtype must be one of {', '.join(gpu.GPU_DTYPES)}, got {unknown}")
-        return 2
+        return usage_error(PROG, f"argument --dtype: with --device cuda, one of "
+                                 f"{', '.join(gpu.GPU_DTYPES)}; got {', '.join(unknown)}")
     shapes = gpu.parse_shapes(args.shape, args.quick)
     rounds = args.rounds or (gpu.QUICK_ROUNDS if args.quick else gpu.ROUNDS)
     rows, problems, _device, path = gpu.measure(dtypes, shapes, rounds, norms=args.norm,
                                                 out=args.out)
     print()
-    print(gpu.format_table(rows))
+    print(gpu.format_table(rows, markdown=True))
     print(f"\nresults written to {path}")
     for p in problems:
         print(f"note: {p}")
@@ -254,17 +241,37 @@ def report_section(ctx: object) -> str:
     )
 
 
-def gpu_report_section(ctx: object) -> str:
+def _gpu_headline(rows: list[dict]) -> str:
+    """Our kernels' fraction of copy on the goals' ground (bfloat16, N >= 2K), per pass, and
+    how many of the measured rows met their goal."""
+    parts = []
+    for pass_, goal in gpu.GOALS.items():
+        fr = [r["gbps"] / r["copy_gbps"] for r in rows
+              if r["provider"] == "layernorm" and r["pass"] == pass_
+              and r["dtype"] == "bfloat16" and r["N"] >= 2048 and r["ms"] is not None]
+        if fr:
+            met = sum(f >= goal for f in fr)
+            parts.append(f"{pass_} {min(fr):.2f}-{max(fr):.2f} of copy (goal {goal}: met in "
+                         f"{met} of {len(fr)})")
+    failed = sum(r["ms"] is None for r in rows)
+    return ("; ".join(parts) or "no layernorm rows in bfloat16 at N >= 2K") + (
+        f"; {failed} row{'s' if failed > 1 else ''} failed" if failed else "")
+
+
+def gpu_report_section(ctx: object) -> Section:
     """The report's GPU section: the newest results as a table and a plot, or a note that there
     are none yet and how to make them."""
     path = gpu.latest_results()
     if path is None:
-        return (
+        return Section(
+            ["not measured: no GPU results exist. Run `" + gpu.COMMAND + "` on a machine with "
+             "an NVIDIA GPU; the next report shows them."],
             "No GPU measurements exist yet. On a machine with a CUDA GPU, run "
             f"`{gpu.COMMAND}`: it writes `bench/results/gpu-<time>-<device>.json`, which the "
-            "next `layernorm report` shows here as a table and a bandwidth plot."
-        )
+            "next `layernorm report` shows here as a table and a bandwidth plot.\n")
     rows = gpu.load_results(path)
+    summary = [f"measured on {rows[0]['device']} (`{path.as_posix()}`, not on this machine "
+               f"unless it has that GPU): {_gpu_headline(rows)}."]
     parts = [
         f"Measured on {rows[0]['device']} by `{gpu.COMMAND}` (`{path.as_posix()}`). Fraction of "
         "the copy bandwidth measured in the same run, on minimal bytes (each pass's "
@@ -274,11 +281,12 @@ def gpu_report_section(ctx: object) -> str:
         "copy for N >= 2K in bfloat16, >= 0.75 at 128K and 256K, never slower than the fastest "
         "peer.",
         "",
-        gpu.format_table(rows, markdown=True),
     ]
     try:
         png = gpu.plot_bandwidth(rows, Path(ctx.outdir) / "gpu-bandwidth.png")
-        parts += ["", f"![fraction of copy bandwidth]({png.name})"]
+        parts += [f"![Fraction of copy bandwidth per provider and N, on the GPU]({png.name})", ""]
     except ImportError:
-        parts += ["", "(matplotlib is not installed: no plot.)"]
-    return "\n".join(parts) + "\n"
+        parts += ["(matplotlib is not installed, so there is no plot: pip install matplotlib.)",
+                  ""]
+    parts.append(folded("All rows", gpu.format_table(rows, markdown=True)))
+    return Section(summary, "\n".join(parts) + "\n")

@@ -1,15 +1,20 @@
 """The ``layernorm`` command: one sub-command per module of :mod:`layernorm.commands`.
 
 Each module has ``add_arguments`` and ``run``; the first line of its docstring is the
-sub-command's help, and its ``DESCRIPTION`` (else its docstring) the ``--help`` text.
+sub-command's help, and its ``DESCRIPTION`` (else its docstring) the ``--help`` text, shown as
+plain text (:func:`plain`). A missing optional dependency, or a file that cannot be written,
+ends the command with one line and exit status 2, as a command-line mistake does.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
+
+from . import one_line_errors, usage_error
 
 COMMANDS: dict[str, str] = {
     "bench": "layernorm.commands.bench",
@@ -19,28 +24,60 @@ COMMANDS: dict[str, str] = {
     "stability": "layernorm.commands.stability",
 }
 
+# The extras' packages: a command that needs one that is missing says which, in one line.
+OPTIONAL = {"numba": "fast", "torch": "torch", "triton": "gpu", "matplotlib": "dev",
+            "mpmath": "dev", "ml_dtypes": "fast", "transformers": "dev"}
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :func:`name` -> name
+_LITERAL = re.compile(r"``([^`]+)``")  # ``code`` -> code
+_EMPHASIS = re.compile(r"(?<![\w*])\*([^\s*][^*]*?)\*(?![\w*])")  # *word* -> word
+
+
+def plain(text: str) -> str:
+    """A docstring as plain text for ``--help``: reStructuredText roles, literals and emphasis
+    reduced to their words."""
+    return _EMPHASIS.sub(r"\1", _LITERAL.sub(r"\1", _ROLE.sub(r"\1", text)))
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="layernorm",
-        description="Layer normalization: reference, gradient checks, numerics, fused kernels.",
+        description="Layer normalization and its family (RMSNorm, the add-norms): reference, "
+                    "gradient checks, numerics, cost model, fused kernels and their speed.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    one_line_errors(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         mod = importlib.import_module(module)
-        summary = (mod.__doc__ or "").strip().splitlines()[0]
-        summary = summary.split("``: ", 1)[-1]  # drop a leading "``layernorm NAME``: "
-        description = getattr(mod, "DESCRIPTION", mod.__doc__)
+        summary = plain((mod.__doc__ or "").strip().splitlines()[0])
+        summary = summary.removeprefix(f"layernorm {name}: ")
+        description = plain(getattr(mod, "DESCRIPTION", None) or mod.__doc__ or "")
         p = sub.add_parser(name, help=summary, description=description,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        one_line_errors(p)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args._run(args))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error(f"a command is needed: {', '.join(COMMANDS)} (layernorm --help)")
+    prog = f"layernorm {args.command}"
+    try:
+        return int(args._run(args))
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in OPTIONAL:
+            raise
+        return usage_error(prog, f"needs {top}, which is not installed: from a checkout, "
+                                 f"pip install -e '.[{OPTIONAL[top]}]'")
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        return usage_error(prog, f"{exc.filename}: {exc.strerror or exc}")
 
 
 if __name__ == "__main__":

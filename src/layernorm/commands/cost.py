@@ -2,53 +2,50 @@
 
 One Markdown row per shape, dtype, norm and pass, from the model of :mod:`layernorm.cost`;
 ``--norm`` (repeatable) picks norms, every norm of the family by default; with
-``--bandwidth`` a roofline column. A command-line mistake is one line and exit status 2.
+``--bandwidth`` a roofline column.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 
 from .. import cost
 from .._table import render
-from .._validate import parse_shape
 from ..dtypes import DTYPES, NAMES
 from ..family import NORMS
-from . import one_line_errors
+from . import shape
 
 __all__ = ["DESCRIPTION", "add_arguments", "run", "table"]
 
 DESCRIPTION = cost.__doc__  # the model, for --help
 
-DEFAULT_SHAPES = ("4096x768", "4096x4096", "64x65536")
+DEFAULT_SHAPES = ((4096, 768), (4096, 4096), (64, 65536))
 DEFAULT_DTYPES = ("float32", "bfloat16")
 
 
-def _rows_and_length(text: str) -> tuple[int, int]:
-    """'MxD' or 'AxBxD' (leading axes multiply into M) -> (M, D)."""
-    dims = parse_shape(text)
-    if len(dims) < 2:
-        raise ValueError(f"shape needs at least two positive sizes, e.g. 4096x1024; got {text!r}")
-    return math.prod(dims[:-1]), dims[-1]
-
-
-def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None,
+def table(shapes: Sequence[tuple[int, ...]], dtypes: list[str], bandwidth_gbs: float | None,
           norms: list[str] | None = None) -> str:
-    """The model's figures as a Markdown table, one row per shape, dtype, norm and pass
-    (``norms``: names from :data:`layernorm.family.NORMS`, default all)."""
+    """The model's figures as a Markdown table, one row per shape, dtype, norm and pass.
+
+    ``shapes``: tuples of at least two extents (leading extents multiply into the rows M);
+    ``norms``: names from :data:`layernorm.family.NORMS`, default all.
+    """
     head = ["shape", "dtype", "norm", "pass", "GFLOP", "minimal MB", "reference MB",
             "ref/minimal", "cache MB", "peak MB", "FLOP/byte"]
     if bandwidth_gbs:
         head.append(f"roofline ms @ {bandwidth_gbs:g} GB/s")
     rows = []
-    for shape in shapes:
-        m, d = _rows_and_length(shape)
+    for dims in shapes:
+        if len(dims) < 2 or min(dims) < 1:
+            raise ValueError(f"shapes must have at least two positive extents, got {dims}")
+        m, d, label = math.prod(dims[:-1]), dims[-1], "x".join(map(str, dims))
         for dtype in dtypes:
             for name in dict.fromkeys(norms or NORMS):  # each once, in the order given
                 for p in ("fwd", "bwd"):
                     c = cost.cost(p, m, d, DTYPES[dtype].itemsize, norm=name)
-                    row = [shape, dtype, NORMS[name].title, p, f"{c.flops / 1e9:.3f}",
+                    row = [label, dtype, NORMS[name].title, p, f"{c.flops / 1e9:.3f}",
                            f"{c.minimal_bytes / 1e6:.1f}", f"{c.reference_bytes / 1e6:.1f}",
                            f"{c.reference_traffic_ratio:.1f}",
                            f"{c.cache_bytes / 1e6:.1f}" if p == "fwd" else "-",
@@ -57,15 +54,6 @@ def table(shapes: list[str], dtypes: list[str], bandwidth_gbs: float | None,
                         row.append(f"{c.roofline_seconds(bandwidth_gbs * 1e9) * 1e3:.3f}")
                     rows.append(row)
     return render(head, rows, markdown=True)
-
-
-def _shape(text: str) -> str:
-    """``text`` once it names at least two positive sizes, for argparse."""
-    try:
-        _rows_and_length(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def _bandwidth(text: str) -> float:
@@ -80,16 +68,16 @@ def _bandwidth(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    one_line_errors(parser)
-    parser.add_argument("--shape", action="append", type=_shape,
-                        help="MxD or AxBxD (repeatable); default " + ", ".join(DEFAULT_SHAPES))
+    parser.add_argument("--shape", action="append", type=shape,
+                        help="MxD or AxBxD (repeatable); default "
+                             + ", ".join("x".join(map(str, s)) for s in DEFAULT_SHAPES))
     parser.add_argument("--dtype", action="append", choices=NAMES,
                         help="repeatable; default float32 and bfloat16")
     parser.add_argument("--norm", action="append", choices=list(NORMS),
                         help="repeatable; default every norm of the family")
     parser.add_argument("--bandwidth", type=_bandwidth, default=None,
-                        help="GB/s for the roofline column (e.g. the copy bandwidth from "
-                             "`layernorm bench`)")
+                        help="GB/s for the roofline column (e.g. the copy bandwidth that "
+                             "layernorm bench measures)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,21 +1,27 @@
 """``layernorm report``: one Markdown file showing what the library does on this machine.
 
-Each command contributes a section: a function ``(ctx) -> Markdown`` in its module of
-:mod:`layernorm.commands`, listed in ``SECTIONS``. The report records the command, the time,
-the machine and the versions (:func:`layernorm.bench.machine.machine_info`), then each
-section in order.
+Each command contributes a section: a function ``(ctx) -> Section`` in its module of
+:mod:`layernorm.commands`, listed in ``SECTIONS``. A section gives its verdict in a few
+Markdown lines and its details; the report opens with every section's verdict (the summary,
+with links to the sections), then records the command, the time, the machine and the versions
+(:func:`layernorm.bench.machine.machine_info`), then the sections in order.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..bench.machine import machine_info
+from . import usage_error, writable
+
+__all__ = ["SECTIONS", "ReportContext", "Section", "add_arguments", "anchor", "folded", "run",
+           "write_report"]
 
 # (title, "module:function"), in the order they appear in the report.
 SECTIONS: list[tuple[str, str]] = [
@@ -34,9 +40,37 @@ class ReportContext:
     quick: bool
 
 
-def _section(spec: str, ctx: ReportContext) -> str:
+@dataclass(frozen=True)
+class Section:
+    """A section's verdict (``summary``: Markdown lines, the first the headline, each with the
+    number that supports it) and its details (``body``: Markdown)."""
+
+    summary: list[str]
+    body: str
+
+
+def anchor(title: str) -> str:
+    """The link target of a Markdown heading, as GitHub and most renderers make it."""
+    return "#" + re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def folded(summary: str, text: str) -> str:
+    """``text`` folded under ``summary``: an HTML details element, open on a click."""
+    return f"<details><summary>{summary}</summary>\n\n{text.strip()}\n\n</details>"
+
+
+def _section(spec: str, ctx: ReportContext) -> Section:
     module, func = spec.split(":")
     return getattr(importlib.import_module(module), func)(ctx)
+
+
+def _summary(done: list[tuple[str, Section, float]]) -> list[str]:
+    lines = ["## Summary", ""]
+    for title, sec, _ in done:
+        head, *rest = sec.summary or ["(no verdict)"]
+        lines.append(f"- **{title}** ([details]({anchor(title)})): {head}")
+        lines += [f"  - {line}" for line in rest]
+    return lines
 
 
 def write_report(outdir: Path, quick: bool = False) -> Path:
@@ -45,34 +79,49 @@ def write_report(outdir: Path, quick: bool = False) -> Path:
 
     outdir.mkdir(parents=True, exist_ok=True)
     ctx = ReportContext(outdir=outdir, quick=quick)
-    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    parts = [
-        "# layernorm report",
-        "",
-        f"Written by `{' '.join(['layernorm', *sys.argv[1:]])}` (layernorm {__version__}) "
-        f"on {started}.",
-        "",
-        "| machine | |",
-        "|---|---|",
-        *(f"| {k} | {v} |" for k, v in machine_info().items()),
-        "",
-    ]
+    started = time.strftime("%Y-%m-%d %H:%M %Z")
+    t_start = time.perf_counter()
+    done = []
     for title, spec in SECTIONS:
         print(f"report: {title} ...", flush=True)
         t0 = time.perf_counter()
-        body = _section(spec, ctx)
-        parts += [f"## {title}", "", body.rstrip(), "", f"_({time.perf_counter() - t0:.1f} s)_", ""]
+        done.append((title, _section(spec, ctx), time.perf_counter() - t0))
+    info = machine_info()
+    command = " ".join(["layernorm", *sys.argv[1:]])
+    parts = [
+        "# layernorm report",
+        "",
+        f"What layernorm {__version__} does on this machine ({info.get('cpu', '?')}, "
+        f"{info.get('logical cpus', '?')} logical CPUs): written by `{command}` on {started} "
+        f"in {time.perf_counter() - t_start:.0f} s. Each line below is a section's verdict "
+        "with the figure behind it; the sections follow.",
+        "",
+        *_summary(done),
+        "",
+        "## Machine",
+        "",
+        "| machine | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in info.items()),
+        "",
+    ]
+    for title, sec, seconds in done:
+        parts += [f"## {title}", "", sec.body.rstrip(), "", f"_({seconds:.1f} s)_", ""]
     path = outdir / "README.md"
     path.write_text("\n".join(parts))
     return path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("report"), help="output folder")
+    parser.add_argument("--out", type=Path, default=Path("report"),
+                        help="folder for README.md and its plots (default: report)")
     parser.add_argument("--quick", action="store_true", help="shorter benchmarks and sweeps")
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = writable(args.out, folder=True)
+    if problem is not None:
+        return usage_error("layernorm report", f"argument --out: {problem}")
     path = write_report(args.out, args.quick)
     print(f"report written to {path}")
     return 0
