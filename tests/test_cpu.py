@@ -467,3 +467,16 @@ def test_float64_dy_near_the_top_of_the_range():
     ex = exact_layer_norm(x, dy=dy)
     dx = cpu.layer_norm_backward(dy, cpu.layer_norm_forward(x)[1])[0]
     assert relative_error(dx, ex.dx) <= 8 * 2.0**-53
+
+
+def test_dir_lists_the_public_api_only():
+    """Protects `dir(layernorm.cpu)`: it listed numba, the submodules and the kernels'
+    constants; it lists `__all__`, while `from layernorm.cpu import kernels` still works."""
+    import layernorm.cpu
+    from layernorm.cpu import kernels
+
+    assert dir(layernorm.cpu) == sorted(layernorm.cpu.__all__)
+    assert "layer_norm_forward" in dir(layernorm.cpu) and "RMSNorm" in dir(layernorm.cpu)
+    for hidden in ("numba", "api", "kernels", "module", "n_chunks", "HI", "NSTATS"):
+        assert hidden not in dir(layernorm.cpu)
+    assert layernorm.cpu.kernels is kernels and cpu.NSTATS == kernels.NSTATS

@@ -91,6 +91,18 @@ def test_correct_backward_passes_with_report(mode):
     assert report.max_rel_err < 1e-7
 
 
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_report_repr_is_one_line_per_argument_with_plain_floats(mode):
+    """Protects the report's repr: it printed ``tolerance=np.float64(...)`` on one long line; it
+    is a header, then one line per argument naming it, with plain floats."""
+    report = ln.check_vjp(f, vjp, _point(), mode=mode, names=NAMES)
+    lines = repr(report).splitlines()
+    assert "np.float64(" not in repr(report) and str(report) == repr(report)
+    assert lines[0].startswith(f"GradcheckReport(mode='{mode}', 3 arguments, max abs err ")
+    for line, name in zip(lines[1:], NAMES, strict=True):  # one line per argument
+        assert line.startswith(f"  ArgReport('{name}', ") and "tolerance " in line
+
+
 def test_works_for_other_functions():
     """Protects genericity: a function of three arguments that is not layer norm."""
 

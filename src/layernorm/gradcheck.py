@@ -139,6 +139,12 @@ class ArgReport:
     tolerance: float
     roundoff: float = 0.0
 
+    def __repr__(self) -> str:
+        return (f"ArgReport({self.name!r}, {self.n_checked} checked, "
+                f"max abs err {float(self.max_abs_err):.2g}, "
+                f"max rel err {float(self.max_rel_err):.2g}, "
+                f"tolerance {float(self.tolerance):.2g}, round-off {float(self.roundoff):.2g})")
+
 
 @dataclass(frozen=True)
 class GradcheckReport:
@@ -154,6 +160,14 @@ class GradcheckReport:
     @property
     def max_rel_err(self) -> float:
         return max((a.max_rel_err for a in self.args), default=0.0)
+
+    def __repr__(self) -> str:
+        """A header line, then one line per argument."""
+        n = len(self.args)
+        head = (f"GradcheckReport(mode={self.mode!r}, {n} argument{'s' * (n != 1)}, "
+                f"max abs err {float(self.max_abs_err):.2g}, "
+                f"max rel err {float(self.max_rel_err):.2g})")
+        return "\n".join([head, *(f"  {a!r}" for a in self.args)])
 
 
 def _unit(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

@@ -2,14 +2,16 @@
 the same names and signatures, plus ``out=``, computed in one parallel pass over the rows.
 
 ``kernels`` holds the Numba code, ``api`` the checked functions, ``module`` the stateful
-modules. docs/cpu-kernels.md explains the design and its measurements.
+modules; ``dir(layernorm.cpu)`` lists the public API, ``__all__``, only. docs/cpu-kernels.md
+explains the design and its measurements.
 """
 
 try:
     import numba  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without numba
     raise ImportError(
-        "layernorm.cpu needs numba: install the package's `fast` extra (make test does)"
+        "layernorm.cpu needs numba: from a checkout, pip install -e '.[fast]' "
+        "(make test installs it)"
     ) from exc
 
 from .api import (
@@ -23,15 +25,10 @@ from .api import (
     rms_norm_backward,
     rms_norm_forward,
 )
-from .kernels import HI, LO, NSTATS, RSTD, SCALE, n_chunks
+from .kernels import HI, LO, NSTATS, RSTD, SCALE, n_chunks  # noqa: F401 - CpuNormCache.stats' columns
 from .module import LayerNorm, RMSNorm
 
 __all__ = [
-    "HI",
-    "LO",
-    "NSTATS",
-    "RSTD",
-    "SCALE",
     "CpuNormCache",
     "LayerNorm",
     "RMSNorm",
@@ -41,7 +38,12 @@ __all__ = [
     "add_rms_norm_forward",
     "layer_norm_backward",
     "layer_norm_forward",
-    "n_chunks",
     "rms_norm_backward",
     "rms_norm_forward",
 ]
+
+
+def __dir__() -> list[str]:
+    """The public API only; numba, the submodules and the kernels' constants stay reachable
+    as attributes (``layernorm.cpu.kernels``, ``layernorm.cpu.NSTATS``) but are not listed."""
+    return sorted(__all__)

@@ -1,0 +1,315 @@
+"""README.md and docs/*.md stay true: Markdown rather than reST, nothing about how they were
+written, links to files that exist, and every figure quoted from a command either checked
+here against what the command printed (the appendix of docs/numerics.md, the cost model, the
+result files under bench/results/) or quoted with the date of the run that printed it."""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+NUMERICS = ROOT / "docs" / "numerics.md"
+COMPLEXITY = ROOT / "docs" / "complexity.md"
+TORCH = ROOT / "docs" / "torch.md"
+GPU = ROOT / "docs" / "gpu-fusion.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+# Words about how a document came to be rather than about the library.
+HISTORY = re.compile(r"\b(issues?|tickets?|sessions?|commit\w*|git archive)\b", re.I)
+# reST: a ``literal`` (two backticks, not three of a code fence) and Sphinx roles.
+REST = re.compile(r"(?<!`)``(?!`)|:(?:func|mod|class|data|meth|attr|exc|obj|ref):`")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
+# A figure: digits with a decimal point, optionally an exponent (9.1e-08, 0.49, 58.4).
+FIGURE = re.compile(r"(?<![\w.^])\d+\.\d+(?:e[+-]\d+)?(?![\w.])")
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+NORM_NAMES = {"LayerNorm": "layer_norm", "RMSNorm": "rms_norm",
+              "add+LayerNorm": "add_layer_norm", "add+RMSNorm": "add_rms_norm"}
+
+
+def _rel(doc: Path) -> str:
+    return doc.relative_to(ROOT).as_posix()
+
+
+def markup_problems(text: str) -> list[str]:
+    """'line N: match' for each history word or piece of reST markup in ``text``."""
+    return [f"line {n}: {m.group(0)!r}"
+            for n, line in enumerate(text.splitlines(), 1)
+            for m in (*HISTORY.finditer(line), *REST.finditer(line))]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+def test_no_history_words_or_rest_markup(doc):
+    """Protects the docs from words about issues, tickets, sessions or commits, and from reST
+    markup that Markdown shows literally (double backticks, :func: and other roles)."""
+    assert markup_problems(doc.read_text()) == [], f"{_rel(doc)}: reword these"
+
+
+def test_the_scan_finds_what_it_looks_for():
+    """Protects the scan above: each kind of planted word or markup is found; Markdown code
+    spans and fences are not."""
+    for planted in ("see the Issue", "as committed", "one session", "a ticket", "git archive",
+                    "``x``", ":func:`f`", ":mod:`layernorm`", ":class:`C`", ":meth:`m`"):
+        assert markup_problems(planted), planted
+    assert markup_problems("```python\n`x` and `y`\n```\n") == []
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(doc: Path) -> set[str]:
+    text = FENCE.sub("", doc.read_text())
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+ (.*)$", text, re.M)}
+
+
+def test_relative_links_point_to_existing_files():
+    """Protects every relative link of the docs: its file exists, and so does its heading."""
+    bad = []
+    for doc in DOCS:
+        for target in LINK.findall(FENCE.sub("", doc.read_text())):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (doc.parent / path).resolve() if path else doc
+            if not dest.exists():
+                bad.append(f"{_rel(doc)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                bad.append(f"{_rel(doc)}: {target} (no such heading)")
+    assert bad == []
+
+
+def test_result_files_named_in_the_docs_exist():
+    """Protects the docs' citations of measurements: each bench/results/*.json they name
+    exists (a bare name is under bench/results/; a pattern such as gpu-<time>.json is not a
+    file)."""
+    named = {}
+    for doc in DOCS:
+        for name in re.findall(r"[\w./<>-]+\.json", doc.read_text()):
+            if "<" not in name:
+                named[name if "/" in name else f"bench/results/{name}"] = _rel(doc)
+    assert named, "the docs cite no result file"
+    assert {p: d for p, d in named.items() if not (ROOT / p).is_file()} == {}
+
+
+# ---------------------------------------------------------------- figures of layernorm stability
+
+# Figures docs/numerics.md derives rather than measures, with what each is.
+DERIVED = {
+    "6.0e-8": "u of float32, 2^-24",
+    "1.1e-12": "u*offset^2 at offset 1e2, float64",
+    "1.1e-08": "u*offset^2 at offset 1e4, float64",
+    "3.2e-3": "sqrt(eps) for eps = 1e-5",
+    "0.0625": "the spacing of float32 numbers near 1e6",
+}
+
+
+def _appendix() -> str:
+    match = re.search(r"<!-- stability:begin -->\n```text\n(.*?)```\n<!-- stability:end -->",
+                      NUMERICS.read_text(), re.S)
+    assert match, "docs/numerics.md lacks the appendix between the stability markers"
+    return match.group(1)
+
+
+def _units(text: str) -> list[str]:
+    """Paragraphs outside code fences, with each list item and table row a unit of its own."""
+    units = []
+    for para in re.split(r"\n\s*\n", FENCE.sub("", text)):
+        units += [u for u in re.split(r"\n(?=\s*(?:[-*] |\||\d+\. ))", para) if u.strip()]
+    return units
+
+
+def _stability_quotes() -> list[tuple[str, str]]:
+    """(doc, unit) for every unit that quotes `layernorm stability`: all of numerics.md above
+    its appendix, and elsewhere each unit that names the command. A unit with a date quotes
+    timings, which are cited with that date instead."""
+    out = [("docs/numerics.md", u)
+           for u in _units(NUMERICS.read_text().split("<!-- stability:begin -->")[0])]
+    out += [(_rel(doc), u) for doc in DOCS if doc != NUMERICS
+            for u in _units(doc.read_text()) if "layernorm stability" in u]
+    return [(doc, u) for doc, u in out if not DATE.search(u)]
+
+
+def test_figures_quoted_from_layernorm_stability_are_in_the_appendix():
+    """Protects the prose of docs/numerics.md, and the README's summary, from drifting away from
+    the appendix (which tests/test_stability.py keeps equal to the command's output): every
+    figure they quote is one the appendix prints, or one derived rather than measured."""
+    printed = {Decimal(f) for f in FIGURE.findall(_appendix())}
+    missing = [f"{doc}: {fig} in {unit.strip()[:70]!r}"
+               for doc, unit in _stability_quotes()
+               for fig in FIGURE.findall(unit)
+               if fig not in DERIVED and Decimal(fig) not in printed]
+    assert missing == []
+    assert any("README" in doc for doc, _ in _stability_quotes())
+
+
+def _appendix_rows(title: str) -> list[list[str]]:
+    """The rows of the appendix's table that follows ``title``, split at runs of 2+ spaces."""
+    table = _appendix().split(title, 1)[1].split("\n\n")[1]
+    return [re.split(r"\s{2,}", line.strip()) for line in table.splitlines()[2:]]
+
+
+def _doc_table(doc: Path, header: str) -> list[list[str]]:
+    """The cells of the Markdown table of ``doc`` whose header row starts with ``header``."""
+    lines = doc.read_text().split(header, 1)[1].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _case(text: str) -> str:
+    return text.replace("−", "-").replace("1e5", "1e+05")
+
+
+def test_numerics_float64_table_is_table_2():
+    """Protects section 7's table of float64 rows: each figure is that case's in table 2, for
+    the reference and the fused CPU kernels."""
+    rows = _appendix_rows("The library against the targets")
+    for case, ref, fused in _doc_table(NUMERICS, "| float64 case (table 2) |"):
+        for backend, quoted in (("reference", ref), ("fused CPU", fused)):
+            row = next(r for r in rows if r[1:3] == ["float64", backend]
+                       and (r[0] == _case(case) or r[0].startswith(_case(case) + ":")))
+            assert [Decimal(f) for f in quoted.split(", ")] == [Decimal(f) for f in row[3:5]], \
+                f"{case}, {backend}"
+
+
+def test_numerics_family_summary_is_the_worst_of_table_4():
+    """Protects section 8's summary: the worst y and dx of table 4 per norm and dtype (ulps for
+    the half dtypes) over its rows and both backends, and the dgamma over many rows."""
+    worst: dict[tuple[str, str], list[Decimal]] = {}
+    for norm, case, dtype, _backend, y, dx, dgamma, y_ulps, dx_ulps, *_ in \
+            _appendix_rows("The family against the targets"):
+        if "many rows" in case:
+            worst[norm, "dgamma"] = [Decimal(dgamma)]
+            continue
+        got = [y_ulps, dx_ulps] if dtype in ("float16", "bfloat16") else [y, dx]
+        old = worst.get((norm, dtype), [Decimal(0), Decimal(0)])
+        worst[norm, dtype] = [max(a, Decimal(b)) for a, b in zip(old, got, strict=True)]
+    for norm, f64, f32, f16, bf16, dgamma in _doc_table(NUMERICS, "| norm | float64 y, dx |"):
+        if norm == "target":
+            continue
+        for dtype, quoted in (("float64", f64), ("float32", f32), ("float16", f16),
+                              ("bfloat16", bf16), ("dgamma", dgamma)):
+            if quoted:
+                assert [Decimal(f) for f in quoted.split(", ")] == worst[norm, dtype], \
+                    f"{norm} {dtype}"
+
+
+# ---------------------------------------------------------------- the cost model and benchmarks
+
+def test_complexity_cost_table_is_what_the_command_prints(capsys):
+    """Protects docs/complexity.md's cost table: it is the output of the command it names."""
+    from layernorm.commands import cli
+
+    argv = ["cost", "--shape", "4096x4096", "--dtype", "float32", "--dtype", "bfloat16"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out.strip()
+    text = COMPLEXITY.read_text()
+    assert f"`layernorm {' '.join(argv)}`" in " ".join(text.split())
+    assert printed in text, "docs/complexity.md is stale: paste the command's table"
+
+
+def _result_rows(name: str) -> dict[tuple[str, str, str, str, str], dict]:
+    rows = json.loads((ROOT / "bench" / "results" / name).read_text())["rows"]
+    return {(r["norm"], "x".join(map(str, r["shape"])), r["dtype"], r["impl"], r["op"]): r
+            for r in rows}
+
+
+def test_complexity_bench_table_is_its_result_file():
+    """Protects docs/complexity.md's benchmark table: every cell is the result file's."""
+    rows = _result_rows("cpu-family-8x1024x4096-rerun.json")
+
+    def frac(row: dict, band: bool = True) -> str:
+        lo, hi = row["frac_copy_p20_p80"]
+        return f"{row['frac_copy']:.0%}" + (f" ({100 * lo:.0f}–{100 * hi:.0f})" if band else "")
+
+    table = _doc_table(COMPLEXITY, "| norm | dtype | copy GB/s |")
+    assert len(table) == 8
+    for norm, dtype, copy, ffwd, fbwd, tfwd, tbwd, ratio in table:
+        def r(impl: str, op: str, norm: str = norm, dtype: str = dtype) -> dict:
+            return rows[NORM_NAMES[norm], "8x1024x4096", dtype, impl, op]
+
+        assert copy == f"{r('fused', 'fwd')['copy_gbps']:.1f}"
+        assert [ffwd, fbwd] == [frac(r("fused", "fwd")), frac(r("fused", "bwd"))]
+        assert [tfwd, tbwd] == [frac(r("torch", "fwd"), False), frac(r("torch", "bwd"), False)]
+        assert ratio == f"{r('fused', 'fwd+bwd')['speedup']['torch']:.2f}x"
+
+
+def _verdict(lo: float, hi: float, goal: float = 1.5) -> str:
+    """The doc's rule: a verdict only where the p20 and p80 ratios agree on it."""
+    if lo >= goal:
+        return "met"
+    return "missed" if hi < goal else f"noisy: rerun ({lo:.2f}x-{hi:.2f}x)"
+
+
+def test_torch_speed_table_is_its_two_result_files():
+    """Protects docs/torch.md's speed table: the times, ratios and verdicts of its two runs."""
+    first, rerun = _result_rows("cpu-torch-api.json"), _result_rows("cpu-torch-api-rerun.json")
+
+    def ratio(row: dict, peer: str) -> str:
+        lo, hi = row["speedup_p20_p80"][peer]
+        return f"{row['speedup'][peer]:.2f}x ({lo:.2f}-{hi:.2f})"
+
+    table = _doc_table(TORCH, "| norm | shape | dtype | ours fwd+bwd ms |")
+    assert len(table) == 24
+    for norm, shape, dtype, ms, torch, compiled, verdict, again, again_verdict in table:
+        key = (NORM_NAMES[norm], shape, dtype, "layernorm.torch", "fwd+bwd")
+        ours, ours2 = first[key], rerun[key]
+        assert ms == f"{ours['p50_ms']:.3f} ({ours['p20_ms']:.3f}-{ours['p80_ms']:.3f})"
+        assert [torch, compiled, again] == [ratio(ours, "torch"), ratio(ours, "torch.compile"),
+                                            ratio(ours2, "torch")]
+        assert verdict == _verdict(*ours["speedup_p20_p80"]["torch"])
+        assert again_verdict == _verdict(*ours2["speedup_p20_p80"]["torch"])
+
+
+def test_gpu_register_summary_is_its_listing():
+    """Protects docs/gpu-fusion.md's summary of the compile listing it shows: the number of
+    kernels and the largest register counts."""
+    text = GPU.read_text()
+    listing = re.search(r"\$ PYTHONPATH=src python tools/compile_kernels.py 90\n(.*?)```",
+                        text, re.S).group(1)
+    rows = [line for line in listing.splitlines() if " warps " in line]
+
+    def most(warps: int, kind: str = "") -> int:
+        return max(int(re.search(r"reg\s+(\d+)", line).group(1)) for line in rows
+                   if re.search(rf"warps\s+{warps}\b", line) and line.startswith(kind))
+
+    flat = " ".join(text.split())
+    assert f"{len(rows)} distinct kernels" in flat
+    assert f"use at most {most(32)} of the 64 registers" in flat
+    assert f"at most {most(16)} of 128" in flat
+    assert f"the short backward takes up to {most(16, 'bwd short')}" in flat
+
+
+# ---------------------------------------------------------------- the README's commands and code
+
+def test_readme_shows_what_make_report_prints():
+    """Protects the README's account of `make report`: one line per section of the report, in
+    order, then where the report went."""
+    from layernorm.commands.report import SECTIONS
+
+    lines = [f"report: {title} ..." for title, _ in SECTIONS]
+    assert "\n".join([*lines, "report written to report/README.md"]) in README.read_text()
+
+
+def test_readme_examples_run():
+    """Protects the README's NumPy and fused-CPU examples: they run as written, in order (the
+    PyTorch one needs a model of the reader's)."""
+    namespace: dict = {}
+    for code in re.findall(r"```python\n(.*?)```", README.read_text(), re.S):
+        if "import torch" in code:
+            continue
+        if "layernorm.cpu" in code:
+            pytest.importorskip("numba")
+        exec(compile(code, str(README), "exec"), namespace)
+    assert namespace["dx"].shape == namespace["x"].shape
