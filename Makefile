@@ -1,7 +1,9 @@
 # Two commands do all set-up on a fresh machine: `make report` and `make test`.
 # Both create .venv and install the package with every extra into it.
 PYTHON ?= python3
-# A CPU build of torch; set TORCH= to keep whatever torch pip would choose.
+# The torch pip installs first, options allowed: TORCH='torch --index-url
+# https://download.pytorch.org/whl/cpu' for the CPU-only build on Linux (PyPI's is the CUDA
+# build); TORCH= (empty) installs none beyond what the extras ask for.
 TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +13,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q $(TORCH)
+	$(if $(strip $(TORCH)),$(BIN)/pip install -q $(TORCH))
 	$(BIN)/pip install -q -e ".[dev,fast,gpu,torch]"
 	touch $(STAMP)
 

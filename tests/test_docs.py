@@ -112,7 +112,7 @@ DERIVED = {
 
 
 def _appendix() -> str:
-    match = re.search(r"<!-- stability:begin -->\n```text\n(.*?)```\n<!-- stability:end -->",
+    match = re.search(r"<!-- stability:begin -->\n(.*?)\n<!-- stability:end -->",
                       NUMERICS.read_text(), re.S)
     assert match, "docs/numerics.md lacks the appendix between the stability markers"
     return match.group(1)
@@ -151,9 +151,11 @@ def test_figures_quoted_from_layernorm_stability_are_in_the_appendix():
 
 
 def _appendix_rows(title: str) -> list[list[str]]:
-    """The rows of the appendix's table that follows ``title``, split at runs of 2+ spaces."""
+    """The cells of the appendix's Markdown table that follows ``title`` (an escaped pipe
+    stays in its cell)."""
     table = _appendix().split(title, 1)[1].split("\n\n")[1]
-    return [re.split(r"\s{2,}", line.strip()) for line in table.splitlines()[2:]]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+            for line in table.splitlines()[2:]]
 
 
 def _doc_table(doc: Path, header: str) -> list[list[str]]:
