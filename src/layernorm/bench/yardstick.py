@@ -13,8 +13,8 @@ try:
     from numba import njit, prange
 except ImportError as exc:  # pragma: no cover - exercised only without numba
     raise ImportError(
-        "layernorm.bench.yardstick needs numba: install the `fast` extra, "
-        "pip install 'layernorm[fast]'"
+        "layernorm.bench.yardstick needs numba: install the `fast` extra from a checkout, "
+        "pip install -e '.[fast]'"
     ) from exc
 
 __all__ = ["copy"]
