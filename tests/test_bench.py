@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -439,6 +440,22 @@ def test_impossible_figures_are_flagged_not_judged():
     assert _flags(rows, "fused", "fwd") == []
 
 
+def test_one_thread_is_singular(tmp_path, capsys):
+    """Protects the wording of `layernorm bench`'s header: "1 thread", not "1 threads", and
+    its tables in Markdown."""
+    assert results.n_threads(1) == "1 thread" and results.n_threads(2) == "2 threads"
+    before = harness.threads()
+    try:
+        assert cli.main(["bench", "--impl", "numpy", "--norm", "layer_norm", "--shape", "2x16",
+                         "--rounds", "1", "--quick", "--threads", "1",
+                         "--out", str(tmp_path / "r.json")]) == 0
+    finally:
+        harness.set_threads(before)
+    out = capsys.readouterr().out
+    assert "layernorm bench: 1 thread, 1 rounds" in out and "1 threads" not in out
+    assert "| norm | shape | dtype | data in |" in out
+
+
 def test_headlines_give_the_number_behind_each_verdict():
     """Protects the report's summary lines: one per implementation in BACKENDS order, the copy
     left out; fused: forward and backward fractions of copy with spread, case, regime, goal and
@@ -492,3 +509,17 @@ def test_plot_draws_error_bars_and_says_where_data_lives():
         assert fig.axes[0].get_ylabel() == "GB/s on minimal bytes"
     finally:
         plt.close(fig)
+
+
+def test_report_section_without_matplotlib_says_so(tmp_path, monkeypatch):
+    """Protects `layernorm report` on a machine without matplotlib: the CPU section still
+    comes, saying there is no plot, with its tables and JSON."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    monkeypatch.setattr(providers, "available", lambda norm="layer_norm": ["numpy"])
+    monkeypatch.setattr(command, "REPORT_SHAPES", ((2, 32),))
+    text = command.report_section(ReportContext(outdir=tmp_path, quick=True))
+    assert "(matplotlib is not installed: no bandwidth plot.)" in text and "| 2x32 |" in text
+    assert "straddles LLC" in text and "<details>" in text
+    assert not (tmp_path / "bench_cpu_bandwidth.png").exists()
+    assert results.load(tmp_path / "bench_cpu.json")["rows"]
