@@ -371,13 +371,14 @@ def _row(impl: str, op: str, p50: float, frac: float, speedup: float | None = No
 
 
 def _case_rows(shape=(4, 1024, 4096), regime: str = results.DRAM, copy_ms: float = 5.0,
-               fused=(2.0, 4.0, 6.0), **extra) -> list[dict]:
-    """One synthetic case: copy, fused (fwd, bwd, fwd+bwd p50 ms ``fused``; 95% and 50% of
-    copy; fwd+bwd 2.1x torch), torch, layernorm.torch (1.2x torch) and numpy."""
+               fused=(2.0, 4.0, 6.0), fracs=(0.95, 0.50), **extra) -> list[dict]:
+    """One synthetic case: copy, fused (fwd, bwd, fwd+bwd p50 ms ``fused``; fwd and bwd
+    ``fracs`` of copy; fwd+bwd 2.1x torch), torch, layernorm.torch (1.2x torch) and numpy."""
     kw = {"shape": shape, "regime": regime, **extra}
     return [
         _row("numpy", "fwd", 60.0, 0.05, **kw), _row("numpy", "bwd", 90.0, 0.06, **kw),
-        _row("fused", "fwd", fused[0], 0.95, **kw), _row("fused", "bwd", fused[1], 0.50, **kw),
+        _row("fused", "fwd", fused[0], fracs[0], **kw),
+        _row("fused", "bwd", fused[1], fracs[1], **kw),
         _row("fused", "fwd+bwd", fused[2], 0.65, speedup=2.1, **kw),
         _row("layernorm.torch", "fwd+bwd", 7.0, 0.55, speedup=1.2, **kw),
         _row("torch", "fwd", 8.0, 0.40, **kw), _row("torch", "bwd", 9.0, 0.30, **kw),
@@ -453,7 +454,7 @@ def test_one_thread_is_singular(tmp_path, capsys):
         harness.set_threads(before)
     out = capsys.readouterr().out
     assert "layernorm bench: 1 thread, 1 rounds" in out and "1 threads" not in out
-    assert "| norm | shape | dtype | data in |" in out
+    assert "| norm | shape | dtype | data in | impl | op |" in out  # every row's table
 
 
 def test_headlines_give_the_number_behind_each_verdict():
@@ -477,9 +478,11 @@ def test_headlines_give_the_number_behind_each_verdict():
     assert lines[3].endswith("; no goal")
 
     two = results.flag_rows(_case_rows() + _case_rows(shape=(8, 512, 768),
-                                                      fused=(1.0, 3.0, 2.5)))
+                                                      fused=(1.0, 3.0, 2.5), fracs=(0.99, 0.6)))
     fused = results.headlines(two)[1]
     assert fused.startswith("`fused`: forward >= 80% of copy: met in 2 of 2 cases; weakest 95%")
+    assert ("backward >= 70% of copy: met in 0 of 2 cases, 1 missed, 1 flagged (e.g. "
+            "implausible: slower than fwd+bwd on LayerNorm 8x512x768 float32); best 50%") in fused
     assert ("fwd+bwd >= 1.50x torch: met in 1 of 2 cases, 1 flagged (e.g. implausible: "
             "fwd+bwd faster than bwd alone on LayerNorm 8x512x768 float32)") in fused
 
