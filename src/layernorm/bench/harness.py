@@ -229,7 +229,8 @@ def set_threads(n: int) -> None:
 
 def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
                progress: Callable[[str], None]) -> list[dict]:
-    """Time one case; one row per (backend, op) plus one copy row (see the module doc)."""
+    """Time one case; one row per (backend, op) plus one copy row (see the module doc), each
+    with its flags (:func:`layernorm.bench.results.flag_rows`)."""
     a = providers.inputs(case.norm, case.shape, case.dtype)
     itemsize = a["x"].itemsize
     want = providers.reference(case.norm, a)

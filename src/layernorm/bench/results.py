@@ -39,14 +39,17 @@ them without the details in brackets):
 A fraction-of-copy verdict stands only on a row without flags; a speedup verdict falls to a
 busy machine or to a sum faster than its part, on its row or on the peer's.
 
-Verdicts. p20 and p80 over 9 rounds capture the noise within one run, but two runs back to
-back differ by more: in three quiet runs of every standard shape (2 threads of 2 cores), the
-p50 of a fraction of copy moved by up to 5% from run to run and the fused/torch speedup by up
-to 9% (13% on the shape that straddles the cache), often outside the other run's p20-p80.
-So a goal is "met" only when p20 clears it by CLOSE (10%), "missed" only when p80 falls short
-of it by CLOSE, and otherwise undecided: "noisy: rerun" when the spread itself contains the
-goal, "too close to call" when it lies within the band. More rounds narrow p20-p80 but not the
-run-to-run shift, so the default stays 9 rounds.
+Verdicts. p20 and p80 over the rounds capture the noise within one run, but two runs differ by
+more. In five LayerNorm float32 runs of the standard shapes (2 threads of 2 cores), where a
+verdict is given (DRAM) the p50 of a fraction of copy or of a speedup over torch moved by up to
+12% from run to run (43% where the spread was wide), and the p20 of one run lay at most 9%
+above the p80 of another; on the shapes that straddle the cache, up to 41% for fractions of
+copy. So a goal is "met" only when p20 clears it by CLOSE (10%), "missed" only when p80 falls
+short of it by CLOSE, and otherwise undecided: "noisy: rerun" when the spread itself contains
+the goal, "too close to call" when it lies within the band. Two runs then give opposite
+verdicts only if one's p20 lies 22% (1.1/0.9) above the other's p80, more than twice what was
+seen. More rounds narrow p20-p80 but not the shift from run to run, so the default stays 9
+rounds (5 with --quick).
 """
 
 from __future__ import annotations
@@ -85,8 +88,9 @@ FRACTION_MARGIN = 1.25
 # and more of the passes' (several calls each for torch's autograd): no time measures
 # bandwidth.
 OVERHEAD_S = 50e-6
-# Cores other processes may use beyond those our threads leave free: at 2 threads on 2 cores,
-# other processes using a tenth of a core preempt our threads in most 50 ms batches.
+# Cores other processes may use beyond those our threads leave free. A quiet machine shows
+# 0.00-0.01 over a case's rounds here; a tenth of a core is 5 ms of every 50 ms batch, about
+# one time slice, so about one preemption of one of our threads per batch.
 BUSY_CORES = 0.1
 CLOSE = 0.10  # the guard band around a goal, relative (module doc)
 
