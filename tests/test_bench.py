@@ -432,6 +432,8 @@ def test_impossible_figures_are_flagged_not_judged():
     rows = results.flag_rows(_case_rows(copy_ms=0.012))
     assert all(r["flags"] == ["overhead-bound (copy 12 us per call)"] for r in rows)
     assert results.fraction_verdict(rows[2], results.FWD_GOAL) == "overhead-bound"
+    assert results.headlines(rows)[1].startswith(  # the flag, not the figure
+        "`fused`: forward on LayerNorm 4x1024x4096 float32 (DRAM): overhead-bound, no verdict;")
     assert "speedup met" in results.summary_table(rows)  # a speedup stays a speedup
 
     rows = results.flag_rows(_case_rows(other_cores=0.5))

@@ -377,7 +377,10 @@ def _goal_headline(what: str, judged: list[tuple[dict, str, tuple[float, float, 
                 f"on {_case_text(row)} ({row['regime']})")
 
     if len(judged) == 1:
-        return f"{what} {number(judged[0])}, goal {fmt.format(goal)}: {judged[0][1]}"
+        row, text, _ = judged[0]
+        if _outcome(text) == "flagged":  # the figure is no result: the flag, not the number
+            return f"{what} on {_case_text(row)} ({row['regime']}): {text}, no verdict"
+        return f"{what} {number(judged[0])}, goal {fmt.format(goal)}: {text}"
     kinds = [_outcome(text) for _, text, _ in judged]
     counts = [f"met in {kinds.count('met')} of {len(judged)} cases"]
     counts += [f"{kinds.count(k)} {k}" for k in ("missed", "undecided", "no verdict")
