@@ -528,3 +528,20 @@ def test_report_section_without_matplotlib_says_so(tmp_path, monkeypatch):
     assert "straddles LLC" in text and "<details>" in text
     assert not (tmp_path / "bench_cpu_bandwidth.png").exists()
     assert results.load(tmp_path / "bench_cpu.json")["rows"]
+
+
+def test_older_result_files_load_without_verdicts_they_cannot_support(tmp_path):
+    """Protects reading bench/results files written before rows had a regime, flags and
+    speedup spreads: they load and render, a fraction of copy gets no verdict (the cache was
+    not recorded) and a speedup none (no spread to judge it on)."""
+    rows = _case_rows()
+    for r in rows:
+        for key in ("regime", "llc_bytes", "speedup_p20_p80", "flags"):
+            r.pop(key, None)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"meta": {}, "rows": rows}))
+    loaded = results.load(path)["rows"]
+    goals = results.summary_table(loaded, markdown=True).splitlines()[2].split(" | ")[-1]
+    assert goals == "fwd LLC size unknown: no verdict, bwd LLC size unknown: no verdict |"
+    assert results.headlines(loaded)[2] == (
+        "`layernorm.torch`: fwd+bwd: no speedup over torch to judge")

@@ -132,8 +132,8 @@ def save(result: dict, path: Path) -> Path:
 
 def load(path: Path) -> dict:
     """A run saved by :func:`save`. Rows of older files get what they lack: ``norm``
-    LayerNorm's, ``regime`` unknown (their cache size was not recorded), ``flags`` from
-    :func:`flag_rows`."""
+    LayerNorm's, ``regime`` unknown (their cache size was not recorded), no speedup spreads
+    (so no speedup verdicts), ``flags`` from :func:`flag_rows`."""
     result = json.loads(Path(path).read_text())
     if not isinstance(result, dict) or set(result) != {"meta", "rows"}:
         raise ValueError(f"{path}: expected a JSON object with keys 'meta' and 'rows'")
@@ -141,6 +141,7 @@ def load(path: Path) -> dict:
         row.setdefault("norm", "layer_norm")
         row.setdefault("regime", UNKNOWN)
         row.setdefault("llc_bytes", None)
+        row.setdefault("speedup_p20_p80", {})
     if any("flags" not in row for row in result["rows"]):
         flag_rows(result["rows"])
     return result
@@ -244,7 +245,7 @@ def fraction_verdict(row: dict, goal: float) -> str:
 
 def _ratio(row: dict | None, peer: str) -> tuple[float, float, float] | None:
     """``peer``'s time over ``row``'s, (p50, p20, p80) over per-round ratios, or None."""
-    if row is None or peer not in row["speedup"]:
+    if row is None or peer not in row["speedup_p20_p80"]:
         return None
     lo, hi = row["speedup_p20_p80"][peer]
     return row["speedup"][peer], lo, hi
@@ -446,7 +447,7 @@ def headlines(rows: list[dict]) -> list[str]:
             judged = [(r, speedup_verdict(rows, r, "torch", goal), _ratio(r, "torch"))
                       for r in mine if r["op"] == "fwd+bwd" and _ratio(r, "torch")]
             parts.append(_goal_headline("fwd+bwd", judged, "{:.2f}x", goal)
-                         or "fwd+bwd: torch not timed, no speedup")
+                         or "fwd+bwd: no speedup over torch to judge")
         else:
             parts += [_fraction_headline(rows, impl, op) for op in ("fwd", "bwd")]
             parts.append("no goal")
