@@ -80,8 +80,8 @@ JUDGED_REGIMES = (IN_CACHE, DRAM)  # where pass and copy move their data through
 # Both the copy and the kernels use ordinary stores, so each written line is read first
 # (write-allocate): a pass reading r and writing w streams moves r + 2w, the copy 3 for its 2
 # counted. At the copy's own hardware rate the LayerNorm/RMSNorm backward (r=2, w=1) shows
-# (3/4)/(2/3) = 1.125 of copy, the most in the family; the ratio of two p50s of one quiet run
-# moves by under 10%. Above 1.125 * 1.1 ~ 1.25 a pass cannot be as fast as measured.
+# (3/4)/(2/3) = 1.125 of copy, the most in the family; a fraction of copy moves by up to 12%
+# from run to run (module doc). Above 1.125 * 1.12 ~ 1.25 no pass is as fast as measured.
 FRACTION_MARGIN = 1.25
 # A parallel call of the copy costs about 7 us here with nothing to copy (Numba's dispatch
 # and OpenMP's fork and join); under 50 us a seventh of the copy's time or more is overhead,
