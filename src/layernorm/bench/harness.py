@@ -4,6 +4,7 @@
                         reference, then time every (backend, op) pair and the copy
     run_bench           every case, each row stamped with the machine and the time; the run
                         records the load average before and after
+    llc_bytes, regime   the last-level cache's size, and where a case's data lives
     set_threads         the thread count of Numba and PyTorch
     first_call_latency  import and first calls of layernorm.cpu in a fresh process, cold then warm
 
@@ -12,15 +13,30 @@ Check: each provider's results against :func:`layernorm.bench.providers.referenc
 tolerance (pass: <= 1), so a run shows how far off a provider is rather than stopping.
 
 Rounds: in each round every pair runs one batch (calls repeated for about 50 ms, 20 ms when
-quick), in an order rotated from round to round, with a pause between batches so that the
-idle threads of one OpenMP pool stop spinning before the next runs. Per pair, the per-call
-times of the rounds give p50 (p20-p80); speedups are medians (with p20-p80) over rounds of
-per-round ratios, since the pairs of one round ran under the same machine load. A provider's
-setup (for ``torch.compile``, the compilation) and its check run before the rounds, untimed.
+quick; the count set from the fastest of three calls), in an order rotated from round to round,
+with a pause between batches so that the idle threads of one OpenMP pool stop spinning before
+the next runs. Per pair, the per-call times of the rounds give p50 (p20-p80); speedups and
+fractions of copy are medians (with p20-p80) over rounds of per-round ratios, since the pairs of
+one round ran under the same machine load, so the spread carries the copy's own variance.
+A provider's setup (for ``torch.compile``, the compilation) and its check run before the
+rounds, untimed.
 
 Bandwidth: GB/s on minimal bytes (:func:`layernorm.cost.minimal_bytes`; their sum for fwd+bwd)
-and that as a fraction of the copy's GB/s (:mod:`layernorm.bench.yardstick`, the same threads,
-read and write counted); without Numba the copy is NumPy's single-threaded ``np.copyto``.
+and that as a fraction of the copy's GB/s (:mod:`layernorm.bench.yardstick`: data of the case's
+size, the same threads, the same rounds, read and write counted); without Numba the copy is
+NumPy's single-threaded ``np.copyto``.
+
+Where the data lives (:func:`regime`): "in cache" when the largest pass's minimal bytes fit in
+the last-level cache, "DRAM" when even the copy's (2·M·D·itemsize) are at least twice its size,
+else "straddles LLC" (part of the data stays in cache from call to call, a varying part, so
+the copy and the passes, which move different amounts, are not in the same regime).
+
+Other processes: with as many threads as cores, a process that takes a core stalls every
+parallel call until its preempted thread runs again (a copy of 1x64x65536 float32 on 2 threads
+of 2 cores fell from 30-34 GB/s to 4.0-4.4 GB/s while another process used one core, below its
+single-threaded 10-18 GB/s). Each case records ``other_cores``, the CPU time other processes
+(and the hypervisor's steal) used during its rounds over their wall time, from /proc/stat;
+:func:`layernorm.bench.results.flag_rows` withholds verdicts where it is too high.
 """
 
 from __future__ import annotations
@@ -35,6 +51,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -42,11 +59,11 @@ from ..cost import minimal_bytes
 from ..dtypes import resolve
 from ..family import norm as family_norm
 from ..tolerances import compare
-from . import providers
+from . import providers, results
 from .machine import machine_info
 
 __all__ = ["PAUSE_S", "STANDARD_SHAPES", "Case", "bench_case", "check", "first_call_latency",
-           "run_bench", "set_threads", "threads"]
+           "llc_bytes", "regime", "run_bench", "set_threads", "threads"]
 
 STANDARD_SHAPES: tuple[tuple[int, ...], ...] = ((8, 512, 768), (4, 1024, 4096), (1, 64, 65536))
 PAUSE_S = 0.005  # between batches: lets the previous OpenMP pool's spinning threads sleep
@@ -95,6 +112,68 @@ def check(norm: str, got: tuple[np.ndarray, ...], want: tuple[np.ndarray, ...],
             ratio = 0.0 if c.ok else math.inf
         worst = max(worst, ratio)
     return worst
+
+
+def llc_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """Bytes of the last-level cache (the data or unified cache of the highest level that
+    cpu0 sees, as Linux lists it under ``cache_dir``), or None where that is unknown."""
+    best = None  # (level, bytes)
+    for index in sorted(cache_dir.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not size:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1].upper(), 1)
+        try:
+            nbytes = int(size.rstrip("KMGkmg")) * unit
+        except ValueError:
+            continue
+        if best is None or level > best[0]:
+            best = (level, nbytes)
+    return None if best is None else best[1]
+
+
+def regime(case: Case, llc: int | None) -> str:
+    """Where ``case``'s data lives with a last-level cache of ``llc`` bytes (module doc):
+    :data:`~layernorm.bench.results.IN_CACHE`, :data:`~layernorm.bench.results.DRAM`,
+    :data:`~layernorm.bench.results.STRADDLES` or, ``llc`` None,
+    :data:`~layernorm.bench.results.UNKNOWN`."""
+    if llc is None:
+        return results.UNKNOWN
+    itemsize = resolve(case.dtype).itemsize
+    largest = max(minimal_bytes(p, case.M, case.D, itemsize, norm=case.norm)
+                  for p in ("fwd", "bwd"))
+    if largest <= llc:
+        return results.IN_CACHE
+    if 2 * case.M * case.D * itemsize >= 2 * llc:
+        return results.DRAM
+    return results.STRADDLES
+
+
+def _cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds the whole machine has used, steal included; those of this process), or
+    None without /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    own = os.times()
+    return (user + nice + system + irq + softirq + steal) / tick, own.user + own.system
+
+
+def _cpus() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _copy_op(case: Case) -> tuple[Callable[[], object], str]:
@@ -150,7 +229,8 @@ def set_threads(n: int) -> None:
 
 def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
                progress: Callable[[str], None]) -> list[dict]:
-    """Time one case; one row per (backend, op) plus one copy row (see the module doc)."""
+    """Time one case; one row per (backend, op) plus one copy row (see the module doc), each
+    with its flags (:func:`layernorm.bench.results.flag_rows`)."""
     a = providers.inputs(case.norm, case.shape, case.dtype)
     itemsize = a["x"].itemsize
     want = providers.reference(case.norm, a)
@@ -158,8 +238,8 @@ def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
     checks: dict[str, float] = {}
     for name in backends:
         progress(f"{case.label}: checking {name}")
-        ops, results = providers.PROVIDERS[(case.norm, name)].setup(a)
-        checks[name] = check(case.norm, results(), want, case.dtype)
+        ops, outputs_of = providers.PROVIDERS[(case.norm, name)].setup(a)
+        checks[name] = check(case.norm, outputs_of(), want, case.dtype)
         for op, fn in ops.items():
             pairs[(name, op)] = fn
     copy_fn, copy_name = _copy_op(case)
@@ -170,23 +250,31 @@ def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
     for key, fn in pairs.items():
         progress(f"{case.label}: warming up {key[0]} {key[1]}")
         fn()  # compiles, faults the pages in
-        reps[key] = max(1, min(10_000, round(target / max(_batch(fn, 1), 1e-7))))
+        # the fastest of three calls: one call slowed by another process would set too few
+        once = min(_batch(fn, 1) for _ in range(3))
+        reps[key] = max(1, min(10_000, round(target / max(once, 1e-7))))
     keys = list(pairs)
     times: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
+    wall0, cpu0 = time.perf_counter(), _cpu_seconds()
     for r in range(rounds):
         order = keys[r % len(keys):] + keys[:r % len(keys)]
         for key in order:
             progress(f"{case.label}: round {r + 1}/{rounds} {key[0]} {key[1]}")
             time.sleep(PAUSE_S)
             times[key].append(_batch(pairs[key], reps[key]))
+    wall, cpu1 = time.perf_counter() - wall0, _cpu_seconds()
+    other = (None if cpu0 is None or cpu1 is None
+             else max(0.0, (cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1])) / wall)
 
     copy_t = np.array(times[("copy", "copy")])  # (rounds,)
     copy_bytes = 2 * case.M * case.D * itemsize
     copy_gbps = copy_bytes / float(np.median(copy_t)) / 1e9
+    llc = llc_bytes()
     base = {
         "norm": case.norm, "shape": list(case.shape), "M": case.M, "D": case.D,
-        "dtype": case.dtype, "threads": threads(), "rounds": rounds, "copy_gbps": copy_gbps,
-        "copy": copy_name,
+        "dtype": case.dtype, "threads": threads(), "cpus": _cpus(), "rounds": rounds,
+        "copy_gbps": copy_gbps, "copy": copy_name, "llc_bytes": llc,
+        "regime": regime(case, llc), "other_cores": other,
     }
     rows = []
     for (name, op), ts in times.items():
@@ -199,6 +287,8 @@ def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
         else:
             nbytes = minimal_bytes(op, case.M, case.D, itemsize, norm=case.norm)
         p20, p50, p80 = np.percentile(t, [20, 50, 80])
+        # per-round fractions of copy: this pair's GB/s over the copy's of the same round
+        frac = (nbytes / t) / (copy_bytes / copy_t)  # (rounds,)
         # per-round ratios: peer's time over this pair's, both timed in the same round
         ratios = {peer: np.array(times[(peer, op)]) / t  # (rounds,)
                   for peer in backends if peer != name and (peer, op) in times}
@@ -209,12 +299,12 @@ def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
             **base, "impl": name, "op": op, "reps": reps[(name, op)],
             "p20_ms": p20 * 1e3, "p50_ms": p50 * 1e3, "p80_ms": p80 * 1e3,
             "bytes": nbytes, "gbps": nbytes / p50 / 1e9,
-            "frac_copy": nbytes / p50 / 1e9 / copy_gbps,
-            "frac_copy_p20_p80": [nbytes / p80 / 1e9 / copy_gbps, nbytes / p20 / 1e9 / copy_gbps],
+            "frac_copy": float(np.median(frac)),
+            "frac_copy_p20_p80": [float(q) for q in np.percentile(frac, [20, 80])],
             "speedup": speedup, "speedup_p20_p80": speedup_spread,
             "check": None if name == "copy" else checks[name],
         })
-    return rows
+    return results.flag_rows(rows)
 
 
 def run_bench(cases: list[Case], backends: list[str], rounds: int, quick: bool,
@@ -227,6 +317,7 @@ def run_bench(cases: list[Case], backends: list[str], rounds: int, quick: bool,
         "host": platform.node(),
         "command": " ".join(["layernorm", *sys.argv[1:]]),
         "threads": threads(),
+        "llc_bytes": llc_bytes(),
         "machine": machine_info(),
         # other processes share the cores: the 1-minute load average before and after
         "loadavg": [os.getloadavg()[0]],
