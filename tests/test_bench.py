@@ -119,8 +119,12 @@ def test_report_section_writes_plot_and_table(tmp_path, monkeypatch):
     monkeypatch.setattr(providers, "available", lambda norm="layer_norm": IMPLS)
     monkeypatch.setattr(providers, "why_not", lambda norm, b: "not here")
     monkeypatch.setattr(command, "REPORT_SHAPES", ((2, 32),))
-    text = command.report_section(ReportContext(outdir=tmp_path, quick=True))
+    sec = command.report_section(ReportContext(outdir=tmp_path, quick=True))
+    text = sec.body
     assert "![bandwidth](bench_cpu_bandwidth.png)" in text and "| 2x32 |" in text
+    # the summary: what ran, then one headline per implementation timed, in BACKENDS order
+    assert "2 implementations" in sec.summary[0] and "2x32" in sec.summary[0]
+    assert [h.split("`")[1] for h in sec.summary[1:]] == IMPLS
     assert "left out here: " in text and "`torch.compile` (not here)" in text
     assert (tmp_path / "bench_cpu_bandwidth.png").exists()
     assert json.loads((tmp_path / "bench_cpu.json").read_text())["rows"]
@@ -287,21 +291,26 @@ def test_bench_command_line_mistakes_are_one_line_and_exit_2(argv, capsys):
 
 
 def test_bench_says_which_implementations_it_leaves_out(monkeypatch, capsys, tmp_path):
-    """Protects --impl with a backend that cannot run here: one line on stderr naming it and
-    the reason, the others still timed; nothing left to time is exit 2."""
+    """Protects the implementations that cannot run here: left out of the default set with one
+    line on stderr each naming it and the reason, the others still timed; asked for by name
+    with --impl, a mistake: one line naming --impl and the reason, exit 2, nothing timed."""
     real = providers.why_not
+    reason = "compiling failed (no C++ compiler)"
     monkeypatch.setattr(providers, "why_not", lambda norm, b: (
-        "compiling failed (no C++ compiler)" if b == "torch.compile" else real(norm, b)))
-    left_out = "layernorm bench: torch.compile left out: compiling failed (no C++ compiler)"
+        reason if b == "torch.compile" else real(norm, b)))
+    monkeypatch.setattr(providers, "BACKENDS", ("numpy", "torch.compile"))
     out = tmp_path / "r.json"
-    assert cli.main(["bench", "--impl", "torch.compile", "--impl", "numpy", "--norm",
-                     "layer_norm", "--shape", "2x16", "--rounds", "1", "--quick",
-                     "--out", str(out)]) == 0
-    assert capsys.readouterr().err.splitlines()[0] == left_out
+    assert cli.main(["bench", "--norm", "layer_norm", "--shape", "2x16", "--rounds", "1",
+                     "--quick", "--out", str(out)]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"layernorm bench: torch.compile left out: {reason}")
     assert {r["impl"] for r in results.load(out)["rows"]} == {"numpy", "copy"}
-    assert cli.main(["bench", "--impl", "torch.compile"]) == 2
+    out.unlink()
+    assert cli.main(["bench", "--impl", "torch.compile", "--impl", "numpy", "--norm",
+                     "layer_norm", "--shape", "2x16", "--out", str(out)]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        left_out, "layernorm bench: none of the implementations asked for runs here"]
+        f"layernorm bench: error: argument --impl: torch.compile cannot run here: {reason}"]
+    assert not out.exists()
 
 
 def _fake_cache(root, levels: dict[int, tuple[str, str]]):
@@ -523,7 +532,7 @@ def test_report_section_without_matplotlib_says_so(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     monkeypatch.setattr(providers, "available", lambda norm="layer_norm": ["numpy"])
     monkeypatch.setattr(command, "REPORT_SHAPES", ((2, 32),))
-    text = command.report_section(ReportContext(outdir=tmp_path, quick=True))
+    text = command.report_section(ReportContext(outdir=tmp_path, quick=True)).body
     assert "(matplotlib is not installed: no bandwidth plot.)" in text and "| 2x32 |" in text
     assert "straddles LLC" in text and "<details>" in text
     assert not (tmp_path / "bench_cpu_bandwidth.png").exists()

@@ -18,9 +18,15 @@ run in interleaved rounds of batches of about 50 ms (20 ms with --quick); p50 (p
 the rounds, speedups as medians of per-round ratios. Bandwidth: GB/s on minimal bytes
 (each (M, D) input read once and each output written once: :func:`layernorm.cost.minimal_bytes`;
 their sum for fwd+bwd), and that as a
-fraction of a copy of x's size with the same threads (:mod:`layernorm.bench.yardstick`).
-Goals (:mod:`layernorm.bench.results`) are judged at both ends of the p20-p80 spread: met,
-missed, or "noisy: rerun". The run is saved as JSON. ``--device cuda`` runs the GPU
+fraction of a copy of x's size with the same threads (:mod:`layernorm.bench.yardstick`),
+interleaved in the same rounds. Each case is labelled by where its data lives against the
+last-level cache: "in cache", "DRAM", or "straddles LLC", where no fraction of copy is judged.
+Goals (:mod:`layernorm.bench.results`) are judged at both ends of the p20-p80 spread with a
+guard band of 10% around the goal: met, missed, "noisy: rerun" or "too close to call".
+Figures that cannot be results carry a flag instead of a verdict: "busy machine" (other
+processes took our cores), "overhead-bound" (a copy too short to measure bandwidth),
+"implausible" (faster than the copy by a margin, or fwd+bwd faster than its part). The run is
+saved as JSON. ``--device cuda`` runs the GPU
 benchmark instead (:mod:`layernorm.bench.gpu`).
 """
 
@@ -40,9 +46,10 @@ __all__ = ["OURS", "REPORT_SHAPES", "add_arguments", "gpu_report_section", "pars
            "report_section", "run", "run_cuda"]
 
 OURS = ("numpy", "fused", "layernorm.torch")  # this package's: a failed check fails the command
-# The report's short set, two of STANDARD_SHAPES: one within a 32 MB last-level cache (float32)
-# and one beyond it; each case also compiles torch.compile's function.
-REPORT_SHAPES: tuple[tuple[int, ...], ...] = ((8, 512, 768), (4, 1024, 4096))
+# The report's short set, one shape per judged regime of a 32 MiB last-level cache in float32:
+# 4x256x768 in cache for every norm (an add-norm's backward moves 15.7 MB), 4x1024x4096 in
+# DRAM (its copy moves 134 MB); each case also compiles torch.compile's function.
+REPORT_SHAPES: tuple[tuple[int, ...], ...] = ((4, 256, 768), (4, 1024, 4096))
 
 
 class Progress:
@@ -100,19 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu (layernorm.bench.harness) or cuda (layernorm.bench.gpu)")
 
 
-def _runnable(norm: str, wanted: list[str]) -> list[str]:
-    """Those of ``wanted`` that run here, in :data:`~layernorm.bench.providers.BACKENDS`
-    order, each once; one line on stderr for each one left out, with the reason."""
-    impls = []
-    for impl in providers.BACKENDS:
-        if impl not in wanted:
-            continue
-        reason = providers.why_not(norm, impl)
-        if reason is None:
-            impls.append(impl)
-        else:
-            print(f"layernorm bench: {impl} left out: {reason}", file=sys.stderr)
-    return impls
+def _not_runnable(norm: str, wanted: list[str]) -> dict[str, str]:
+    """Those of ``wanted`` that cannot run here, each with the reason."""
+    return {impl: reason for impl in dict.fromkeys(wanted)
+            if (reason := providers.why_not(norm, impl)) is not None}
 
 
 PROG = "layernorm bench"
@@ -131,10 +129,14 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:  # more than Numba's NUMBA_NUM_THREADS
             return usage_error(PROG, f"argument --threads: {exc}")
     norms = args.norm or providers.norms()
-    impls = _runnable(norms[0], args.impl or list(providers.BACKENDS))
-    if not impls:
-        return usage_error(PROG, "argument --impl: none of the implementations asked for "
-                                 "runs here")
+    missing = _not_runnable(norms[0], args.impl or list(providers.BACKENDS))
+    if args.impl and missing:  # asked for by name: a mistake, before any timing
+        return usage_error(PROG, "argument --impl: " + "; ".join(
+            f"{impl} cannot run here: {reason}" for impl, reason in missing.items()))
+    for impl, reason in missing.items():  # the default set: say what it leaves out
+        print(f"{PROG}: {impl} left out: {reason}", file=sys.stderr)
+    impls = [b for b in providers.BACKENDS
+             if b in (args.impl or providers.BACKENDS) and b not in missing]
     cases = [Case(s, d, n) for n in norms for s in (args.shape or STANDARD_SHAPES)
              for d in (args.dtype or ["float32"])]
     rounds = args.rounds or (5 if args.quick else 9)
@@ -199,9 +201,9 @@ def run_cuda(args: argparse.Namespace) -> int:
     return 1 if ours_failed else 0
 
 
-def report_section(ctx: object) -> str:
-    """A short benchmark on :data:`REPORT_SHAPES`: the summary, PyTorch API and full tables,
-    and a bandwidth plot in ctx.outdir."""
+def report_section(ctx: object) -> Section:
+    """A short benchmark on :data:`REPORT_SHAPES`: the headlines (the summary's lines), the
+    per-case, PyTorch API and full tables, and a bandwidth plot in ctx.outdir."""
     cases = [Case(s, "float32", n) for n in providers.norms() for s in REPORT_SHAPES]
     backends = providers.available()
     result = _run_bench(cases, backends, 3 if ctx.quick else 5, quick=True)
@@ -217,7 +219,13 @@ def report_section(ctx: object) -> str:
     left_out = [f"`{b}` ({providers.why_not('layer_norm', b)})"
                 for b in providers.BACKENDS if b not in backends]
     api = results.torch_table(rows, markdown=True)
-    return (
+    heads = results.headlines(rows)
+    summary = [f"{len(rows)} timings of {len(backends)} implementations, "
+               f"{results.n_threads(result['meta']['threads'])}, float32, shapes "
+               + ", ".join("x".join(map(str, s)) for s in REPORT_SHAPES)
+               + "; each verdict below only where the spread of the rounds allows one:",
+               *heads]
+    body = (
         f"Fused Numba kernels (`layernorm.cpu`) and this package's PyTorch API on them "
         f"(`layernorm.torch`, with autograd) for every norm of the family, against the NumPy "
         f"reference, PyTorch's CPU functions with autograd (`torch`: `F.layer_norm`, "
@@ -249,10 +257,10 @@ def report_section(ctx: object) -> str:
            f"`layernorm.torch`'s (p50 and p20-p80 of per-round ratios).\n\n{api}" if api else "")
         + ("" if latency is None else "\n\nCompiled kernels are cached on disk; "
            + results.format_latency(latency) + ".")
-        + f"\n\n{plot}\n\n<details><summary>All rows</summary>\n\n"
-        + results.format_table(rows, markdown=True)
-        + "\n\n</details>\n"
+        + f"\n\n{plot}\n\n"
+        + folded("All rows", results.format_table(rows, markdown=True)) + "\n"
     )
+    return Section(summary, body)
 
 
 def _gpu_headline(rows: list[dict]) -> str:
