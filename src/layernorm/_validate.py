@@ -37,6 +37,7 @@ __all__ = [
     "overlaps",
     "parse_shape",
     "region",
+    "shape_extents",
 ]
 
 
@@ -68,22 +69,29 @@ def as_float_array(a: object, name: str) -> np.ndarray:
     return arr
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``"4096x1024"`` or ``"8x512x768"`` -> its extents: the one rule for a shape given as text.
+def shape_extents(dims: object, shown: object = None) -> tuple[int, ...]:
+    """``dims`` once it is a shape as every command takes one: a tuple or list of at least two
+    positive integer extents, the rows M (the product of the leading extents) and the
+    normalized length D. ValueError naming ``shown`` (default ``dims``) otherwise."""
+    shown = dims if shown is None else shown
+    if not (isinstance(dims, (tuple, list))
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in dims)):
+        raise ValueError(f"shape must be a tuple of integer extents, got {shown!r}")
+    if len(dims) < 2:
+        raise ValueError(f"shape needs at least two positive extents, the rows and the row "
+                         f"length (like 4096x1024 or 8x512x768), got {shown!r}")
+    if min(dims) < 1:
+        raise ValueError(f"shape extents must be >= 1, got {shown!r}")
+    return tuple(dims)
 
-    At least two positive integer extents separated by ``x``: the rows M (the product of the
-    leading extents) and the normalized length D. ValueError naming the problem otherwise.
-    """
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"4096x1024"`` or ``"8x512x768"`` -> its extents (:func:`shape_extents`), the one rule
+    for a shape given as text: sizes joined by ``x``. ValueError naming the problem."""
     parts = text.strip().lower().split("x")
     if not all(p.strip().isdigit() for p in parts):
         raise ValueError(f"shape must be sizes joined by 'x', like 4096x1024, got {text!r}")
-    shape = tuple(int(p) for p in parts)
-    if len(shape) < 2:
-        raise ValueError(f"shape needs the rows and the row length, like 4096x1024 or "
-                         f"8x512x768, got {text!r}")
-    if min(shape) < 1:
-        raise ValueError(f"shape extents must be >= 1, got {text!r}")
-    return shape
+    return shape_extents(tuple(int(p) for p in parts), text)
 
 
 def check_x(x: object) -> np.ndarray:

@@ -77,7 +77,7 @@ from typing import Any
 
 from .. import family
 from .._table import render
-from .._validate import parse_shape
+from .._validate import parse_shape, shape_extents
 from ..cost import minimal_bytes
 from ..dtypes import DTYPES
 from ..tolerances import compare
@@ -121,14 +121,7 @@ def parse_shapes(specs: Sequence[Any] | None, quick: bool) -> list[tuple[int, in
         return [(rows_for(n), n) for n in (QUICK_NS if quick else NS)]
     shapes = []
     for spec in specs:
-        if isinstance(spec, str):
-            dims = parse_shape(spec)
-        elif (isinstance(spec, (tuple, list)) and len(spec) >= 2
-              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in spec)):
-            dims = tuple(spec)
-        else:
-            raise ValueError(f"shape must be 'MxN' or a tuple of at least two positive ints, "
-                             f"got {spec!r}")
+        dims = parse_shape(spec) if isinstance(spec, str) else shape_extents(spec)
         shapes.append((math.prod(dims[:-1]), dims[-1]))
     return shapes
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from .. import cost
 from .._table import render
+from .._validate import shape_extents
 from ..dtypes import DTYPES, NAMES
 from ..family import NORMS
 from . import shape
@@ -37,9 +38,7 @@ def table(shapes: Sequence[tuple[int, ...]], dtypes: list[str], bandwidth_gbs: f
     if bandwidth_gbs:
         head.append(f"roofline ms @ {bandwidth_gbs:g} GB/s")
     rows = []
-    for dims in shapes:
-        if len(dims) < 2 or min(dims) < 1:
-            raise ValueError(f"shapes must have at least two positive extents, got {dims}")
+    for dims in map(shape_extents, shapes):
         m, d, label = math.prod(dims[:-1]), dims[-1], "x".join(map(str, dims))
         for dtype in dtypes:
             for name in dict.fromkeys(norms or NORMS):  # each once, in the order given
