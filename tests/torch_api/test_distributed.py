@@ -473,17 +473,26 @@ def test_fsdp2_trains_as_one_process(world, centred):
 # --- registration ---------------------------------------------------------------------------
 
 
-def test_dtensor_strategies_register_when_dtensor_is_imported(tmp_path):
-    """Protects the lazy registration: importing layernorm.torch does not import DTensor (it
-    costs seconds), and importing DTensor afterwards registers the ops' strategies, so a
+@pytest.mark.parametrize("dtensor_first", [False, True])
+def test_dtensor_strategies_register_when_dtensor_is_imported(tmp_path, dtensor_first):
+    """Protects the registration, in either import order: importing layernorm.torch does not
+    import DTensor (it costs seconds), and importing DTensor afterwards registers the ops'
+    strategies; with DTensor imported first (as Liger-Kernel, QuACK and Hugging Face do), they
+    register at once, after the ops they describe exist. Either way without a warning, and a
     DTensor input runs (here on a 1-process mesh) instead of raising DTensor's error."""
     _need("torch.distributed.tensor.experimental", "register_sharding")
+    first = "import torch.distributed.tensor" if dtensor_first else ""
+    lazy = "" if dtensor_first else (
+        'assert "torch.distributed.tensor" not in sys.modules, "layernorm.torch imported DTensor"')
     code = f"""
 import sys
+import warnings
+warnings.simplefilter("error")
 import torch
 import torch.distributed as dist
+{first}
 import layernorm.torch as lt
-assert "torch.distributed.tensor" not in sys.modules, "layernorm.torch imported DTensor"
+{lazy}
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)

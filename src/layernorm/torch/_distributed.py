@@ -41,6 +41,8 @@ from types import ModuleType
 
 import torch
 
+from . import _ops  # noqa: F401 - the ops exist before their strategies are registered
+
 __all__ = ["register"]
 
 _DTENSOR = "torch.distributed.tensor"
