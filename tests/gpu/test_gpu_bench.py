@@ -35,12 +35,17 @@ def _rows(device="NVIDIA H100 80GB HBM3"):
 
 def test_default_sweep():
     """Protects the benchmark's shapes: N from 256 to 256K by powers of two, M = 32,768 rows,
-    and QuACK's row counts at 128K and 256K (16,384 and 8,192) so figures compare with its
-    published ones."""
+    and in bfloat16 QuACK's row counts at 128K and 256K (16,384 and 8,192) so figures compare
+    with its published ones; float32 keeps a tensor to the same 4 GiB (half the rows from
+    64K), so an add-norm's backward fits an 80 GB H100."""
     shapes = bench.parse_shapes(None, quick=False)
     assert [n for _, n in shapes] == [2**k for k in range(8, 19)]
     assert dict((n, m) for m, n in shapes) == {
         **{2**k: 32768 for k in range(8, 17)}, 131072: 16384, 262144: 8192}
+    fp32 = bench.parse_shapes(None, quick=False, dtype="float32")
+    assert dict((n, m) for m, n in fp32) == {
+        **{2**k: 32768 for k in range(8, 16)}, 65536: 16384, 131072: 8192, 262144: 4096}
+    assert max(m * n * 4 for m, n in fp32) == max(m * n * 2 for m, n in shapes) == 4 * 2**30
     quick = bench.parse_shapes(None, quick=True)
     assert len(quick) < len(shapes) and set(quick) <= set(shapes)
 
@@ -276,6 +281,37 @@ def test_sweep_notes_events_timing_once(tmp_path):
     assert len(notes) == 3 * 2 and all("first at N=4096" in p for p in notes)
 
 
+def test_sweep_resumes_where_a_run_stopped(tmp_path):
+    """Protects --resume: the measured rows of an earlier run are kept as they are and not
+    measured again, a failed one is measured again and replaced, a shape with kept rows keeps
+    their copy bandwidth (one copy figure per shape), and the result is the whole sweep."""
+    path = tmp_path / "r.json"
+    full, _ = bench.sweep(FakeSession(), "gpu", ["bfloat16"], SHAPES, ["rms_norm"], path)
+    cut = [dict(r, copy_gbps=2500.0, ms=0.5, gbps=1.0) for r in full[:5]]
+    cut[4].update(ms=None, gbps=None, error="RuntimeError: out of memory")
+    runs = []
+
+    class Counting(FakeSession):
+        def copy_gbps(self, dtype, M, N):
+            runs.append(("copy", N))
+            return 3000.0
+
+    session = Counting(before_run=lambda prov, norm, dtype, M, N, pass_:
+                       runs.append((prov.name, N, pass_)))
+    rows, _ = bench.sweep(session, "gpu", ["bfloat16"], SHAPES, ["rms_norm"], path, kept=cut)
+    assert rows[:4] == cut[:4]  # kept as they were
+    assert sorted(map(bench._key, rows)) == sorted(map(bench._key, full))  # the whole sweep
+    assert bench.load_results(path) == rows
+    assert [r for r in rows if r["ms"] is None] == []  # the failed row was measured again
+    assert runs[0] == (full[4]["provider"], SHAPES[0][1], full[4]["pass"])
+    assert len([r for r in runs if r[0] != "copy"]) == len(full) - 4
+    assert runs.count(("copy", SHAPES[0][1])) == 0 and runs.count(("copy", SHAPES[1][1])) == 1
+    assert {r["copy_gbps"] for r in rows if r["N"] == SHAPES[0][1]} == {2500.0}
+    assert {r["copy_gbps"] for r in rows if r["N"] == SHAPES[1][1]} == {3000.0}
+    again, _ = bench.sweep(session, "gpu", ["bfloat16"], SHAPES, ["rms_norm"], path, kept=rows)
+    assert again == rows and len(runs) == len(full) - 4 + 1  # nothing left to measure
+
+
 def _module(monkeypatch, name, **attrs):
     mod = types.ModuleType(name)
     mod.__dict__.update(attrs)
@@ -468,7 +504,8 @@ def test_run_cuda_without_a_gpu(capsys, tmp_path, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("CUDA is present: run_cuda would measure")
     monkeypatch.chdir(tmp_path)
-    args = SimpleNamespace(dtype=None, shape=None, quick=True, out=None, rounds=None)
+    args = SimpleNamespace(dtype=None, shape=None, quick=True, out=None, rounds=None,
+                           resume=False)
     assert command.run_cuda(args) == 2
     err = capsys.readouterr().err
     assert "no CUDA device" in err and len(err.splitlines()) == 1
@@ -489,6 +526,37 @@ def test_cli_without_a_gpu_fails_cleanly(tmp_path):
     assert res.stderr.startswith("layernorm bench: error: argument --device: no CUDA device")
     assert len(res.stderr.splitlines()) == 1 and res.stdout == ""
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["--resume"], ["--device", "cuda", "--resume"],
+                                  ["--device", "cuda", "--resume", "--out", "results"]])
+def test_resume_needs_a_cuda_results_file(argv, tmp_path, capsys, monkeypatch):
+    """Protects --resume from a silent fresh run: without --device cuda and an --out .json
+    file to resume it is a one-line mistake, exit status 2, nothing written."""
+    from layernorm.commands import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("layernorm bench: error: argument --resume: needs --device cuda")
+    assert len(err.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_kept_rows_of_this_device_only(tmp_path, monkeypatch):
+    """Protects a resumed file from mixing devices: its rows are kept only if they were
+    measured on this device; a file that is not rows, or another device's, is refused."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert bench.kept_rows(tmp_path / "none.json") == []
+    path = bench.write_results(_rows(), tmp_path / "r.json", "x")
+    assert bench.kept_rows(path) == _rows()
+    bench.write_results(_rows("NVIDIA A100-SXM4-80GB"), path, "x")
+    with pytest.raises(ValueError, match="rows measured on NVIDIA A100-SXM4-80GB, not on this "
+                                         "NVIDIA H100"):
+        bench.kept_rows(path)
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="expected a JSON list"):
+        bench.kept_rows(path)
 
 
 def test_bench_module_needs_no_torch():

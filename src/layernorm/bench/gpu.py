@@ -1,13 +1,15 @@
 """The GPU benchmark: the family's PyTorch API against PyTorch and public kernels, on CUDA.
 
-    parse_shapes, rows_for      the (M, N) sweep: N = 256 ... 256K, M = 32,768 rows, QuACK's
-                                16,384 and 8,192 at 128K and 256K
+    parse_shapes, rows_for      the (M, N) sweep: N = 256 ... 256K, M = 32,768 rows, fewer
+                                where a tensor would pass 4 GiB (bfloat16: QuACK's 16,384
+                                and 8,192 at 128K and 256K)
     unavailable                 why nothing can be measured here (no torch/triton, no CUDA, the
                                 interpreter), or None
     measure                     every (dtype, M, N, norm): a copy, then each provider's passes,
                                 each checked against the NumPy reference first
     sweep                       the loop itself, apart from CUDA: a provider's exception is a
-                                row, and the file is rewritten after every row
+                                row, the file is rewritten after every row, and the rows of
+                                an earlier run can be kept and not measured again (resume)
     pass_bytes, make_row,       result rows and their JSON files,
     write_results, load_results,  bench/results/gpu-<time>-<device>.json
     latest_results
@@ -49,6 +51,12 @@ Bytes (:func:`pass_bytes`): the minimal bytes of :func:`layernorm.cost.minimal_b
 reads x, and residual, and writes y, and h; bwd reads x or h, dy, and dh, and writes dx, and
 dresidual) plus the parameters (read; their gradients written backward), all at the input's
 item size whatever dtype a provider keeps its parameters in, so GB/s compare as times do.
+
+Resuming (``--resume``): :func:`measure` is given the rows of the results file
+(:func:`kept_rows`), keeps those measured and measures only what they lack (a failed row is
+measured again), so a run cut short (a time limit) goes on where it stopped. The rows of one
+(dtype, M, N) share one copy bandwidth: a shape with rows kept reuses their copy figure
+rather than measuring another.
 
 Results: a JSON list of rows, rewritten after every row, with the keys of
 :data:`RESULT_KEYS` (``ms`` and ``gbps`` null where the provider raised) and, of
@@ -95,9 +103,11 @@ DEFAULT_DTYPES = ("bfloat16", "float32")
 NS = tuple(2**k for k in range(8, 19))  # 256 ... 262,144
 QUICK_NS = (1024, 4096, 32768, 262144)
 MAX_ROWS = 32768
-# QuACK's row counts, so figures compare with its published ones: M·N <= 2**31 elements,
-# 16,384 rows at 128K and 8,192 at 256K (4 GB per bfloat16 tensor, 8 GB per float32 one).
-MAX_ELEMENTS = 2**31
+# At most 4 GiB per (M, N) tensor: for bfloat16, QuACK's row counts (M·N <= 2**31 elements,
+# 16,384 rows at 128K and 8,192 at 256K), so figures compare with its published ones. An
+# add-norm's backward holds eight such tensors and the CUDA graphs' outputs besides (about
+# 40 GiB), which float32 at 2**31 elements (8 GiB a tensor) would take past an H100's 80 GB.
+MAX_TENSOR_BYTES = 4 * 2**30
 FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2
 ROUNDS, QUICK_ROUNDS = 100, 25
 WARMUP = 3
@@ -107,18 +117,20 @@ COMMAND = "layernorm bench --device cuda"
 GOALS = {"fwd": 0.90, "bwd": 0.80}  # fraction of copy bandwidth for N >= 2K on an H100
 
 
-def rows_for(N: int) -> int:
-    """M for row length N: 32,768 rows, fewer when M·N would pass 2**31 elements."""
-    return max(1, min(MAX_ROWS, MAX_ELEMENTS // N))
+def rows_for(N: int, dtype: str = "bfloat16") -> int:
+    """M for row length N: 32,768 rows, fewer when an (M, N) tensor of ``dtype`` would pass
+    :data:`MAX_TENSOR_BYTES`."""
+    return max(1, min(MAX_ROWS, MAX_TENSOR_BYTES // (DTYPES[dtype].itemsize * N)))
 
 
-def parse_shapes(specs: Sequence[Any] | None, quick: bool) -> list[tuple[int, int]]:
+def parse_shapes(specs: Sequence[Any] | None, quick: bool, dtype: str = "bfloat16"
+                 ) -> list[tuple[int, int]]:
     """(M, N) pairs from ``--shape`` values: tuples of at least two positive extents (as
     :func:`layernorm.commands.shape` parses them; the leading extents multiply into M) or
     their text, ``"MxN"``. None gives the default sweep (a shorter one with ``quick``), where
-    :func:`rows_for` picks M."""
+    :func:`rows_for` picks M for ``dtype``."""
     if not specs:
-        return [(rows_for(n), n) for n in (QUICK_NS if quick else NS)]
+        return [(rows_for(n, dtype), n) for n in (QUICK_NS if quick else NS)]
     shapes = []
     for spec in specs:
         dims = parse_shape(spec) if isinstance(spec, str) else shape_extents(spec)
@@ -330,8 +342,14 @@ def _quantiles(times: list[float]) -> tuple[float, float, float]:
     return statistics.median(times), q[1], q[7]
 
 
+def _key(row: dict[str, Any]) -> tuple:
+    """What a row measured: (dtype, M, N, norm, provider, pass)."""
+    return row["dtype"], row["M"], row["N"], row["norm"], row["provider"], row["pass"]
+
+
 def sweep(session: Any, device: str, dtypes: Sequence[str], shapes: Sequence[tuple[int, int]],
-          norms: Sequence[str], path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+          norms: Sequence[str], path: Path, kept: Sequence[dict[str, Any]] = ()
+          ) -> tuple[list[dict[str, Any]], list[str]]:
     """Rows for every (dtype, M, N, norm, provider, pass), and the problems found; ``path`` is
     rewritten after every row and progress printed.
 
@@ -339,8 +357,14 @@ def sweep(session: Any, device: str, dtypes: Sequence[str], shapes: Sequence[tup
     notes on missing ones), ``run(provider, norm, dtype, M, N, pass_)`` -> :class:`Measured`,
     and ``release()`` after a failure (frees what it can). An exception from ``run`` is a row
     with ``ms`` None and the exception in ``error``, and the sweep goes on; a shape whose copy
-    cannot be measured is skipped with a note."""
-    rows: list[dict[str, Any]] = []
+    cannot be measured is skipped with a note.
+
+    ``kept``: rows of an earlier run, returned first (and written) as they are. Those measured
+    are not measured again, and a shape with measured rows reuses their copy bandwidth; a
+    failed one is measured again and replaced."""
+    rows = list(kept)
+    done = {_key(r) for r in rows if r["ms"] is not None}
+    copies = {(r["dtype"], r["M"], r["N"]): r["copy_gbps"] for r in rows if r["ms"] is not None}
     problems: list[str] = []
     uncaptured: set[tuple[str, str, str]] = set()  # (provider, norm, pass) noted once
 
@@ -349,49 +373,72 @@ def sweep(session: Any, device: str, dtypes: Sequence[str], shapes: Sequence[tup
             problems.append(text)
 
     def record(row: dict[str, Any], detail: str) -> None:
+        rows[:] = [r for r in rows if _key(r) != _key(row)]  # a failed kept row is replaced
         rows.append(row)
         write_results(rows, path, device)
         print(f"  {row['norm']:>14} {row['pass']} {row['provider']:>13}: {detail}", flush=True)
 
-    for dtype in dtypes:
-        for M, N in shapes:
+    def copy_of(dtype: str, M: int, N: int) -> float | None:
+        """The shape's copy bandwidth: kept, or measured now (None if that fails)."""
+        if (dtype, M, N) not in copies:
             try:
-                copy = session.copy_gbps(dtype, M, N)
+                copies[dtype, M, N] = session.copy_gbps(dtype, M, N)
             except Exception as exc:  # any failure: the sweep goes on
                 session.release()
                 note(f"copy M={M} N={N} {dtype}: {_one_line(exc)}; shape skipped")
-                continue
-            print(f"{dtype} M={M} N={N}: copy {copy:.0f} GB/s", flush=True)
-            for norm in norms:
-                providers, notes = session.providers(norm, N)
-                for text in notes:
-                    note(text)
-                for prov in providers:
-                    where = f"{prov.name} {norm} N={N} {dtype}"
-                    for pass_ in PASSES:
-                        try:
-                            m = session.run(prov, norm, dtype, M, N, pass_)
-                        except Exception as exc:  # any failure is a row
-                            error = _one_line(exc)
-                            note(f"{where} {pass_}: failed: {error}")
-                            record(make_row(device, norm, dtype, M, N, prov.name, pass_, None,
-                                            copy, error=error), f"failed: {error}")
-                            session.release()
-                            continue
-                        if m.mismatch:
-                            note(f"{where}: differs from the reference: {m.mismatch}")
-                        if m.capture_error and (prov.name, norm, pass_) not in uncaptured:
-                            uncaptured.add((prov.name, norm, pass_))
-                            note(f"{prov.name} {norm} {pass_}: timed by events where it does "
-                                 f"not capture in a CUDA graph (first at N={N} {dtype}: "
-                                 f"{m.capture_error})")
-                        p50, p20, p80 = _quantiles(m.times)
-                        row = make_row(device, norm, dtype, M, N, prov.name, pass_, p50, copy,
-                                       timing=m.timing)
-                        record(row, f"{p50:.4f} ms (p20 {p20:.4f}, p80 {p80:.4f})  "
-                                    f"{row['gbps']:.0f} GB/s  {row['gbps'] / copy:.2f} of copy"
-                                    f"{'' if m.timing == 'cuda_graph' else '  (events)'}")
+                copies[dtype, M, N] = None
+                return None
+            print(f"{dtype} M={M} N={N}: copy {copies[dtype, M, N]:.0f} GB/s", flush=True)
+        return copies[dtype, M, N]
+
+    def shape(dtype: str, M: int, N: int) -> None:
+        for norm in norms:
+            providers, notes = session.providers(norm, N)
+            for text in notes:
+                note(text)
+            for prov in providers:
+                for pass_ in PASSES:
+                    if (dtype, M, N, norm, prov.name, pass_) in done:
+                        continue
+                    copy = copy_of(dtype, M, N)
+                    if copy is None:
+                        return
+                    record(*_measure_one(session, device, prov, norm, dtype, M, N, pass_, copy,
+                                         note, uncaptured))
+
+    if rows:
+        write_results(rows, path, device)
+        print(f"kept {len(done)} measured rows of {path}; measuring the rest", flush=True)
+    for dtype in dtypes:
+        for M, N in shapes:
+            shape(dtype, M, N)
     return rows, problems
+
+
+def _measure_one(session: Any, device: str, prov: Provider, norm: str, dtype: str, M: int,
+                 N: int, pass_: str, copy: float, note: Callable[[str], None],
+                 uncaptured: set[tuple[str, str, str]]) -> tuple[dict[str, Any], str]:
+    """One pass of one provider: its row and the progress line's detail."""
+    where = f"{prov.name} {norm} N={N} {dtype}"
+    try:
+        m = session.run(prov, norm, dtype, M, N, pass_)
+    except Exception as exc:  # any failure is a row
+        error = _one_line(exc)
+        note(f"{where} {pass_}: failed: {error}")
+        session.release()
+        return (make_row(device, norm, dtype, M, N, prov.name, pass_, None, copy, error=error),
+                f"failed: {error}")
+    if m.mismatch:
+        note(f"{where}: differs from the reference: {m.mismatch}")
+    if m.capture_error and (prov.name, norm, pass_) not in uncaptured:
+        uncaptured.add((prov.name, norm, pass_))
+        note(f"{prov.name} {norm} {pass_}: timed by events where it does not capture in a CUDA "
+             f"graph (first at N={N} {dtype}: {m.capture_error})")
+    p50, p20, p80 = _quantiles(m.times)
+    row = make_row(device, norm, dtype, M, N, prov.name, pass_, p50, copy, timing=m.timing)
+    return row, (f"{p50:.4f} ms (p20 {p20:.4f}, p80 {p80:.4f})  {row['gbps']:.0f} GB/s  "
+                 f"{row['gbps'] / copy:.2f} of copy"
+                 f"{'' if m.timing == 'cuda_graph' else '  (events)'}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -686,13 +733,32 @@ def unavailable() -> str | None:
     return None
 
 
-def measure(dtypes: Sequence[str], shapes: Sequence[tuple[int, int]], rounds: int,
-            norms: Iterable[str] | None = None, out: Path | str | None = None
+def kept_rows(path: Path | str) -> list[dict[str, Any]]:
+    """The rows of the results file ``path`` to resume (none if it does not exist yet);
+    ValueError if it is not a results file or holds rows of another device than this one."""
+    import torch
+
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = load_results(path)
+    device = torch.cuda.get_device_name()
+    others = sorted({r["device"] for r in rows} - {device})
+    if others:
+        raise ValueError(f"{path} holds rows measured on {', '.join(others)}, not on this "
+                         f"{device}")
+    return rows
+
+
+def measure(dtypes: Sequence[str], specs: Sequence[Any] | None, quick: bool, rounds: int,
+            norms: Iterable[str] | None = None, out: Path | str | None = None,
+            kept: Sequence[dict[str, Any]] = ()
             ) -> tuple[list[dict[str, Any]], list[str], str, Path]:
-    """Rows for every dtype (names of :data:`GPU_DTYPES`), (M, N) and norm (default: the
-    family), the problems found, the device's name and the results file: rows are written to
-    :func:`results_file` of ``out`` as they come and progress is printed. Needs
-    :func:`unavailable` to be None."""
+    """Rows for every dtype (names of :data:`GPU_DTYPES`), shape (``specs`` and ``quick`` as
+    for :func:`parse_shapes`, M picked per dtype) and norm (default: the family), the problems
+    found, the device's name and the results file: rows are written to :func:`results_file` of
+    ``out`` as they come and progress is printed. ``kept``: rows of an earlier run (see
+    :func:`kept_rows`), kept, and not measured again. Needs :func:`unavailable` to be None."""
     import torch
 
     norms = list(NORMS if norms is None else norms)
@@ -700,5 +766,9 @@ def measure(dtypes: Sequence[str], shapes: Sequence[tuple[int, int]], rounds: in
         family.norm(n)
     device = torch.cuda.get_device_name()
     path = results_file(out, device)
-    rows, problems = sweep(CudaSession(rounds), device, dtypes, shapes, norms, path)
+    session, rows, problems = CudaSession(rounds), list(kept), []
+    for dtype in dtypes:
+        rows, found = sweep(session, device, [dtype], parse_shapes(specs, quick, dtype), norms,
+                            path, kept=rows)
+        problems += [p for p in found if p not in problems]
     return rows, problems, device, path

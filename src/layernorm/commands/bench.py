@@ -105,6 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "cpu-<host>-<time>.json)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu (layernorm.bench.harness) or cuda (layernorm.bench.gpu)")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --device cuda and an --out .json file: keep the rows it "
+                             "has measured and measure only the rest (a run cut short goes "
+                             "on where it stopped)")
 
 
 def _not_runnable(norm: str, wanted: list[str]) -> dict[str, str]:
@@ -117,6 +121,10 @@ PROG = "layernorm bench"
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume and (args.device != "cuda" or args.out is None
+                        or args.out.suffix.lower() != ".json"):
+        return usage_error(PROG, "argument --resume: needs --device cuda and --out FILE.json "
+                                 "(the file whose rows to keep)")
     if args.out is not None:  # on CUDA, --out may name a folder
         folder = args.device == "cuda" and args.out.suffix.lower() != ".json"
         if (problem := writable(args.out, folder=folder)) is not None:
@@ -174,7 +182,8 @@ def run_cuda(args: argparse.Namespace) -> int:
 
     Reads ``args.dtype`` (names or None: bfloat16 and float32), ``args.shape`` (see
     :func:`layernorm.bench.gpu.parse_shapes`), ``args.quick``, ``args.out`` (.json file or
-    folder; default bench/results) and ``args.rounds`` (runs per measurement). Returns 0 when
+    folder; default bench/results), ``args.resume`` (keep the measured rows of the ``--out``
+    file and measure the rest) and ``args.rounds`` (runs per measurement). Returns 0 when
     done, 1 when our kernels disagree with the reference or fail, 2 when nothing can be
     measured.
     """
@@ -186,10 +195,13 @@ def run_cuda(args: argparse.Namespace) -> int:
     if unknown:
         return usage_error(PROG, f"argument --dtype: with --device cuda, one of "
                                  f"{', '.join(gpu.GPU_DTYPES)}; got {', '.join(unknown)}")
-    shapes = gpu.parse_shapes(args.shape, args.quick)
     rounds = args.rounds or (gpu.QUICK_ROUNDS if args.quick else gpu.ROUNDS)
-    rows, problems, _device, path = gpu.measure(dtypes, shapes, rounds, norms=args.norm,
-                                                out=args.out)
+    try:
+        kept = gpu.kept_rows(args.out) if args.resume else []
+    except (ValueError, OSError) as exc:  # not a results file, or another device's
+        return usage_error(PROG, f"argument --resume: {exc}")
+    rows, problems, _device, path = gpu.measure(dtypes, args.shape, args.quick, rounds,
+                                                norms=args.norm, out=args.out, kept=kept)
     print()
     print(gpu.format_table(rows, markdown=True))
     print(f"\nresults written to {path}")
