@@ -187,6 +187,43 @@ def assert_matches_oracle(case: Case, float64_oracle, *, rows_scaled: bool = Fal
     return got
 
 
+def poisoned_empty(*args, **kw) -> torch.Tensor:
+    """torch.empty, filled with NaN where the dtype is floating."""
+    t = _empty(*args, **kw)
+    return t.fill_(float("nan")) if t.is_floating_point() else t
+
+
+_empty = torch.empty
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every buffer the launchers allocate (outputs, statistics, partial sums) starts as NaN,
+    so an element no kernel writes is NaN in the results and fails the comparison, instead
+    of passing on whatever the allocator's memory held."""
+    monkeypatch.setattr(kernels.torch, "empty", poisoned_empty)
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_outputs_start_poisoned(name, monkeypatch):
+    """Protects the poisoning: every result of the forward and the backward is a buffer that
+    was NaN before the kernels ran (so the oracle checks see any element left unwritten),
+    and every element was then written."""
+    poisoned: set[int] = set()
+
+    def recording(*args, **kw):
+        t = poisoned_empty(*args, **kw)
+        poisoned.add(t.data_ptr())
+        return t
+
+    monkeypatch.setattr(kernels.torch, "empty", recording)
+    got, mean, rstd = make_case(name, 5, SHORT_D, "bfloat16").run()
+    results = [t for t in (*got.values(), mean, rstd) if t is not None]
+    assert len(results) == len(got) + 2
+    for t in results:
+        assert t.data_ptr() in poisoned and not torch.isnan(t).any()
+
+
 @pytest.fixture
 def check(float64_oracle):
     """:func:`assert_matches_oracle` with the float64 oracle."""
