@@ -131,17 +131,42 @@ INEXACT = re.compile(r"\b(?:div|sqrt|rsqrt|rcp)\.(?:full|approx)[\w.]*"
                      r"|\b\w+(?:\.\w+)*\.ftz\b[\w.]*")
 
 
+SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)\s*([^;]*);")
+BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
+
+
+def loop_spills(sass: str) -> int:
+    """Spill instructions (STL, LDL) that may run once per loop iteration: those inside a loop
+    (between a backward branch's target and the branch) or past the kernel's last EXIT (the
+    subroutines, such as the slow path of a correctly rounded division, are placed there and
+    are called from the loops). A spill outside every loop runs once per program."""
+    code = [(int(a, 16), op, rest) for a, op, rest in SASS_LINE.findall(sass)]
+    loops = []
+    for addr, op, rest in code:
+        target = BRANCH_TARGET.search(rest)
+        if op.startswith("BRA") and target and int(target.group(1), 16) < addr:
+            loops.append((int(target.group(1), 16), addr))
+    exits = [addr for addr, op, _ in code if op == "EXIT"]
+    last_exit = max(exits) if exits else -1
+    return sum(1 for addr, op, _ in code if op.startswith(("STL", "LDL"))
+               and (addr > last_exit or any(lo <= addr <= hi for lo, hi in loops)))
+
+
 def resource_usage(compiled) -> dict:
-    """REG, STACK, SHARED and LOCAL per thread of a compiled kernel, from cuobjdump, and the
-    inexact instructions in its PTX (INEXACT)."""
+    """REG, STACK, SHARED and LOCAL per thread of a compiled kernel, from cuobjdump; the spill
+    instructions of its machine code that may run per loop iteration (:func:`loop_spills`);
+    and the inexact instructions in its PTX (INEXACT)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
         out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True,
                              text=True, check=True).stdout
+        sass = subprocess.run([CUOBJDUMP, "--dump-sass", f.name], capture_output=True,
+                              text=True, check=True).stdout
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
     usage = dict(zip(("reg", "stack", "shared", "local"), map(int, found.groups()), strict=True))
-    return {**usage, "inexact": sorted(set(INEXACT.findall(compiled.asm["ptx"])))}
+    return {**usage, "loop_spills": loop_spills(sass),
+            "inexact": sorted(set(INEXACT.findall(compiled.asm["ptx"])))}
 
 
 def table(sm: int) -> list[dict]:
@@ -162,10 +187,12 @@ def main(argv: list[str]) -> int:
     if "--json" in argv:
         print(json.dumps(rows))
     else:
-        print(f"sm_{sm}: registers, stack (spills) and shared memory per thread block")
+        print(f"sm_{sm}: registers, stack (spills), spill instructions in loops and shared "
+              f"memory per thread block")
         for r in rows:
             print(f"{r['kernel']:<46} {r['dtype']:<5} warps {r['num_warps']:>2}  reg {r['reg']:>3}"
-                  f"  stack {r['stack']:>4}  local {r['local']:>3}  shared {r['shared']:>5}"
+                  f"  stack {r['stack']:>4}  in loops {r['loop_spills']:>2}  local {r['local']:>3}"
+                  f"  shared {r['shared']:>5}"
                   + (f"  inexact {' '.join(r['inexact'])}" if r["inexact"] else ""))
     return 0
 
