@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The GPU work in as few calls as possible, on a machine with an NVIDIA GPU and its own
+# Python (torch and triton installed; no network), from the repository root:
+#
+#     tools/gpu_session.sh tests            the machine and versions, then pytest tests/gpu
+#                                           on CUDA: the oracle tests, the fuzz, determinism,
+#                                           batch invariance and 64-bit offsets at full size
+#     tools/gpu_session.sh bench [DTYPE]..  layernorm bench --device cuda for each dtype
+#                                           (default bfloat16 float32), resumed from the rows
+#                                           that .gpu-run/gpu-results.json already has
+#     tools/gpu_session.sh all              tests, then bench
+#
+# Each step stops in time for the call to end within CALL_LIMIT seconds (default 570, for a
+# 10-minute call), and a benchmark stopped there goes on at the next call where it stopped.
+# Wheels in .whl/ (tools/gpu_wheels.sh: Liger-Kernel, QuACK and their dependencies) are
+# installed to /tmp/layernorm-site first; the CUDA 13 libraries' wheel is installed once both
+# of its halves, .whl/ and .whl-2/, have arrived. Logs, the results file and env.txt go to
+# $OUT (default .gpu-run/out); the last thing printed is the table of the results so far.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+CALL_LIMIT=${CALL_LIMIT:-570}
+OUT=${OUT:-.gpu-run/out}
+RESULTS=.gpu-run/gpu-results.json
+SITE=/tmp/layernorm-site
+PY=${PYTHON:-python3}
+mkdir -p "$OUT" .gpu-run
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
+
+STATUS=0  # 1 if a step failed (a benchmark stopped at the time limit has not failed)
+left() { echo $((CALL_LIMIT - SECONDS)); }
+
+install_wheels() {
+    [ -d .whl ] || { echo "no .whl/: the peers are measured only where installed already"; return; }
+    local wheels=(.whl/*.whl)
+    local part0 part1
+    part0=$(ls .whl/*.whl.part00 2>/dev/null | head -1)
+    part1=$(ls .whl-2/*.whl.part01 2>/dev/null | head -1)
+    if [ -n "$part0" ] && [ -n "$part1" ]; then
+        local name whole want
+        name=$(basename "${part0%.part00}")
+        whole=/tmp/$name
+        cat "$part0" "$part1" > "$whole"
+        want=$(cut -d' ' -f1 ".whl/$name.sha256")
+        if [ "$(sha256sum "$whole" | cut -d' ' -f1)" = "$want" ]; then
+            wheels+=("$whole")
+        else
+            echo "the two halves of $(basename "$whole") do not match its SHA-256: not installed"
+        fi
+    elif [ -n "$part0" ]; then
+        echo "only the first half of the CUDA 13 libraries' wheel is here: QuACK will not import"
+    fi
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "${wheels[@]}" 2>&1 | grep -v "^WARNING: Target directory" | tail -5
+}
+
+environment() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+        --format=csv 2>&1
+    "$PY" - <<'EOF'
+import importlib, platform
+print("python", platform.python_version())
+for name in ("torch", "triton", "numpy", "liger_kernel", "quack", "cutlass", "pytest",
+             "hypothesis", "numba", "ml_dtypes", "mpmath"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"{name} {getattr(mod, '__version__', '(no version)')}")
+    except Exception as exc:  # a peer may fail in any way
+        print(f"{name}: does not import ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+import torch
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device {p.name}: {p.multi_processor_count} SMs, L2 {p.L2_cache_size / 2**20:.0f} MiB,"
+          f" {p.total_memory / 2**30:.0f} GiB, cuda {torch.version.cuda}")
+else:
+    print("no CUDA device")
+EOF
+}
+
+run_tests() {
+    local budget
+    budget=$(($(left) - 30))
+    echo "== pytest tests/gpu (all but the large ones, 8 processes), at most ${budget}s"
+    timeout "$budget" "$PY" -m pytest tests/gpu -q -p no:cacheprovider -n 8 \
+        --ignore tests/gpu/test_gpu_scale.py --junitxml "$OUT/pytest.xml" 2>&1 \
+        | tee "$OUT/pytest.log" | tail -15
+    [ "${PIPESTATUS[0]}" -eq 0 ] || STATUS=1
+    budget=$(($(left) - 20))
+    echo "== pytest tests/gpu/test_gpu_scale.py (one process: ~40 GB a test), at most ${budget}s"
+    timeout "$budget" "$PY" -m pytest tests/gpu/test_gpu_scale.py -q -p no:cacheprovider \
+        --durations=5 --junitxml "$OUT/pytest-scale.xml" 2>&1 \
+        | tee "$OUT/pytest-scale.log" | tail -15
+    [ "${PIPESTATUS[0]}" -eq 0 ] || STATUS=1
+}
+
+run_bench() {
+    local dtypes=("$@") args=() budget
+    [ ${#dtypes[@]} -gt 0 ] || dtypes=(bfloat16 float32)
+    for d in "${dtypes[@]}"; do args+=(--dtype "$d"); done
+    budget=$(($(left) - 25))
+    echo "== layernorm bench --device cuda ${args[*]} --resume, at most ${budget}s"
+    timeout "$budget" "$PY" -m layernorm bench --device cuda "${args[@]}" --resume \
+        --out "$RESULTS" >> "$OUT/bench.log" 2>&1
+    local rc=$?
+    tail -3 "$OUT/bench.log"
+    if [ $rc -eq 124 ]; then
+        echo "stopped at the time limit: the next call goes on where it stopped"
+    elif [ $rc -ne 0 ]; then
+        STATUS=1
+    fi
+}
+
+show() {
+    [ -f "$RESULTS" ] || return 0
+    cp "$RESULTS" "$OUT/"
+    "$PY" - "$RESULTS" <<'EOF'
+import sys
+from layernorm.bench import gpu
+rows = gpu.load_results(sys.argv[1])
+failed = sum(r["ms"] is None for r in rows)
+print(f"\n{len(rows)} rows in {sys.argv[1]} ({failed} failed)")
+print(gpu.format_table(rows))
+EOF
+}
+
+step=${1:-all}
+shift || true
+case "$step" in
+    tests | bench | all) ;;
+    *) echo "usage: tools/gpu_session.sh tests|bench [DTYPE]...|all" >&2; exit 2 ;;
+esac
+install_wheels
+environment | tee "$OUT/env.txt"
+case "$step" in
+    tests) run_tests ;;
+    bench) run_bench "$@" ;;
+    all) run_tests; run_bench "$@" ;;
+esac
+show
+exit $STATUS
