@@ -8,6 +8,8 @@
 #     tools/gpu_session.sh bench [DTYPE]..  layernorm bench --device cuda for each dtype
 #                                           (default bfloat16 float32), resumed from the rows
 #                                           that .gpu-run/gpu-results.json already has
+#     tools/gpu_session.sh variants ARG..   tools/gpu_variants.py ARG.. (this package's kernels
+#                                           under settings of their tuning constants)
 #     tools/gpu_session.sh all              tests, then bench
 #
 # Each step stops in time for the call to end within CALL_LIMIT seconds (default 570, for a
@@ -111,6 +113,15 @@ run_bench() {
     fi
 }
 
+run_variants() {
+    local budget
+    budget=$(($(left) - 20))
+    echo "== tools/gpu_variants.py $*, at most ${budget}s"
+    timeout "$budget" "$PY" tools/gpu_variants.py "$@" --out "$OUT/variants.json" 2>&1 \
+        | tee "$OUT/variants.log" | tail -40
+    [ "${PIPESTATUS[0]}" -eq 0 ] || STATUS=1
+}
+
 show() {
     [ -f "$RESULTS" ] || return 0
     cp "$RESULTS" "$OUT/"
@@ -127,14 +138,16 @@ EOF
 step=${1:-all}
 shift || true
 case "$step" in
-    tests | bench | all) ;;
-    *) echo "usage: tools/gpu_session.sh tests|bench [DTYPE]...|all" >&2; exit 2 ;;
+    tests | bench | variants | all) ;;
+    *) echo "usage: tools/gpu_session.sh tests|bench [DTYPE]...|variants ARG...|all" >&2
+       exit 2 ;;
 esac
 install_wheels
 environment | tee "$OUT/env.txt"
 case "$step" in
     tests) run_tests ;;
     bench) run_bench "$@" ;;
+    variants) run_variants "$@" ;;
     all) run_tests; run_bench "$@" ;;
 esac
 show
