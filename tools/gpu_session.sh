@@ -82,9 +82,11 @@ EOF
 
 run_tests() {
     local budget
+    local workers=()
+    "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)  # pytest-xdist, where installed
     budget=$(($(left) - 30))
-    echo "== pytest tests/gpu (all but the large ones, 8 processes), at most ${budget}s"
-    timeout "$budget" "$PY" -m pytest tests/gpu -q -p no:cacheprovider -n 8 \
+    echo "== pytest tests/gpu (all but the large ones; ${workers[*]:-one process}), at most ${budget}s"
+    timeout "$budget" "$PY" -m pytest tests/gpu -q -p no:cacheprovider "${workers[@]}" \
         --ignore tests/gpu/test_gpu_scale.py --junitxml "$OUT/pytest.xml" 2>&1 \
         | tee "$OUT/pytest.log" | tail -15
     [ "${PIPESTATUS[0]}" -eq 0 ] || STATUS=1
