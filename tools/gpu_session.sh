@@ -32,6 +32,14 @@ export PYTHONPATH="$PWD/src:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONP
 
 STATUS=0  # 1 if a step failed (a benchmark stopped at the time limit has not failed)
 left() { echo $((CALL_LIMIT - SECONDS)); }
+check() {  # check STATUS_OF_A_STEP NAME: a failure sets STATUS; the time limit is said
+    if [ "$1" -eq 124 ]; then
+        echo "$2: stopped at the time limit, unfinished"
+        STATUS=1
+    elif [ "$1" -ne 0 ]; then
+        STATUS=1
+    fi
+}
 
 install_wheels() {
     [ -d .whl ] || { echo "no .whl/: the peers are measured only where installed already"; return; }
@@ -89,13 +97,13 @@ run_tests() {
     timeout "$budget" "$PY" -m pytest tests/gpu -q -p no:cacheprovider "${workers[@]}" \
         --ignore tests/gpu/test_gpu_scale.py --junitxml "$OUT/pytest.xml" 2>&1 \
         | tee "$OUT/pytest.log" | tail -15
-    [ "${PIPESTATUS[0]}" -eq 0 ] || STATUS=1
+    check "${PIPESTATUS[0]}" "pytest tests/gpu"
     budget=$(($(left) - 20))
     echo "== pytest tests/gpu/test_gpu_scale.py (one process: ~40 GB a test), at most ${budget}s"
     timeout "$budget" "$PY" -m pytest tests/gpu/test_gpu_scale.py -q -p no:cacheprovider \
         --durations=5 --junitxml "$OUT/pytest-scale.xml" 2>&1 \
         | tee "$OUT/pytest-scale.log" | tail -15
-    [ "${PIPESTATUS[0]}" -eq 0 ] || STATUS=1
+    check "${PIPESTATUS[0]}" "pytest tests/gpu/test_gpu_scale.py"
 }
 
 run_bench() {
@@ -121,7 +129,7 @@ run_variants() {
     echo "== tools/gpu_variants.py $*, at most ${budget}s"
     timeout "$budget" "$PY" tools/gpu_variants.py "$@" --out "$OUT/variants.json" 2>&1 \
         | tee "$OUT/variants.log" | tail -40
-    [ "${PIPESTATUS[0]}" -eq 0 ] || STATUS=1
+    check "${PIPESTATUS[0]}" "tools/gpu_variants.py"
 }
 
 show() {
