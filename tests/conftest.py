@@ -8,6 +8,7 @@ run a module's forward and backward, to compute the float64 oracle, and to compa
            dgamma, [dbeta] from ``module`` (layernorm, layernorm.reference or layernorm.cpu)
     float64_oracle(norm, args, cot, *, eps=None, zero_centered_gamma=False,
                    residual_dtype=None) -> Oracle: the same results in float64
+    check_rows -> tuple of CheckRow: layernorm.selfcheck.run_checks() at its defaults
     assert_results_close(got, want, dtype, *, scales=None, floor=0.0, what="")
         -> every result of ``got`` against ``want`` through the tolerance table
     run_torch(norm, args, cot, *, device="cpu", **kw) -> {name: array}: the same results
@@ -304,6 +305,15 @@ def float64_oracle():
 def results_close():
     """:func:`assert_results_close`: every result against the tolerance table."""
     return assert_results_close
+
+
+@pytest.fixture(scope="session")
+def check_rows():
+    """``layernorm.selfcheck.run_checks()``: every row of `layernorm check` at its defaults,
+    computed once for the session (several seconds) and only read by the tests."""
+    from layernorm import selfcheck
+
+    return tuple(selfcheck.run_checks())
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,26 @@ def result():
     return harness.run_bench([TINY], IMPLS, rounds=2, quick=True, progress=lambda msg: None)
 
 
+@pytest.fixture(scope="module")
+def latency():
+    """harness.first_call_latency(), measured once for the module: each call compiles the
+    kernels in a fresh process with an empty cache (tens of seconds on a small machine)."""
+    pytest.importorskip("numba")
+    return harness.first_call_latency()
+
+
+@pytest.fixture
+def first_calls(monkeypatch, request):
+    """Where the fused kernels are timed, the command's first_call_latency gives the module's
+    measurement, and this list receives what each call returned."""
+    calls = []
+    if "fused" in IMPLS:
+        latency = request.getfixturevalue("latency")
+        monkeypatch.setattr(command, "first_call_latency",
+                            lambda: calls.append(latency) or latency)
+    return calls
+
+
 def test_rows_carry_schema_machine_and_checks(result):
     """Protects the JSON rows: one per (impl, op) plus copy, with the documented fields."""
     rows = result["rows"]
@@ -86,10 +106,10 @@ def test_parse_shape():
             command.parse_shape(bad)
 
 
-def test_cli_bench_saves_json(tmp_path, capsys):
+def test_cli_bench_saves_json(tmp_path, capsys, first_calls):
     """Protects `layernorm bench`: exit 0, the tables on stdout, the JSON at --out, every norm
     of the family by default (rows: per norm, each implementation's three operations and a
-    copy)."""
+    copy), and with the fused kernels timed, their first-call latency printed and saved."""
     out = tmp_path / "r.json"
     argv = ["bench", "--shape", "2x48", "--rounds", "1", "--quick", "--out", str(out)]
     for impl in IMPLS:
@@ -101,6 +121,10 @@ def test_cli_bench_saves_json(tmp_path, capsys):
     assert saved["meta"]["machine"]["numpy"] and len(saved["meta"]["loadavg"]) == 2
     assert len(saved["rows"]) == len(NORMS) * (3 * len(IMPLS) + 1)
     assert saved == json.loads(out.read_text())
+    if "fused" in IMPLS:
+        (latency,) = first_calls  # measured once, and that measurement saved and shown
+        assert saved["meta"]["first_call"] == latency
+        assert results.format_latency(latency) in text
 
 
 def test_cuda_device_dispatches_to_the_gpu_harness(monkeypatch):
@@ -112,9 +136,10 @@ def test_cuda_device_dispatches_to_the_gpu_harness(monkeypatch):
     assert seen[0].shape == [(8, 16)] and seen[0].dtype is None
 
 
-def test_report_section_writes_plot_and_table(tmp_path, monkeypatch):
+def test_report_section_writes_plot_and_table(tmp_path, monkeypatch, first_calls):
     """Protects the report section: Markdown with the summary, the plot and the saved JSON,
-    and the backends it leaves out named with their reasons."""
+    the backends it leaves out named with their reasons, and with the fused kernels timed,
+    their first-call latency."""
     pytest.importorskip("matplotlib")
     monkeypatch.setattr(providers, "available", lambda norm="layer_norm": IMPLS)
     monkeypatch.setattr(providers, "why_not", lambda norm, b: "not here")
@@ -127,14 +152,17 @@ def test_report_section_writes_plot_and_table(tmp_path, monkeypatch):
     assert [h.split("`")[1] for h in sec.summary[1:]] == IMPLS
     assert "left out here: " in text and "`torch.compile` (not here)" in text
     assert (tmp_path / "bench_cpu_bandwidth.png").exists()
-    assert json.loads((tmp_path / "bench_cpu.json").read_text())["rows"]
+    saved = json.loads((tmp_path / "bench_cpu.json").read_text())
+    assert saved["rows"]
+    if "fused" in IMPLS:
+        (latency,) = first_calls  # measured once, and that measurement saved and shown
+        assert saved["meta"]["first_call"] == latency
+        assert results.format_latency(latency) in text
 
 
-def test_first_call_latency_runs_cold_then_warm():
+def test_first_call_latency_runs_cold_then_warm(latency):
     """Protects the first-call report: a fresh process with an empty Numba cache, then one
     that loads that cache; each gives import, forward and backward seconds (not asserted)."""
-    pytest.importorskip("numba")
-    latency = harness.first_call_latency()
     assert list(latency) == ["cold", "warm"]
     for t in latency.values():
         assert set(t) == {"import_s", "forward_s", "backward_s"}

@@ -26,10 +26,29 @@ def _table_rows(out: str) -> list[str]:
             for line in out.splitlines() if line.startswith(titles)]
 
 
-def test_check_passes_and_prints_table(capsys):
+@pytest.fixture
+def default_checks(monkeypatch, check_rows):
+    """`layernorm check` and its report section get the session's rows of run_checks() at its
+    defaults (tests/conftest.py) instead of computing them again; the list receives the
+    arguments of each call, and any other arguments run the real checks."""
+    from layernorm.commands import check
+
+    calls = []
+
+    def run_checks(seed=0, norms=None):
+        calls.append((seed, norms))
+        return list(check_rows) if (seed, norms) == (0, None) else selfcheck.run_checks(seed,
+                                                                                      norms)
+
+    monkeypatch.setattr(check, "run_checks", run_checks)
+    return calls
+
+
+def test_check_passes_and_prints_table(capsys, default_checks, check_rows):
     """Protects `layernorm check`: exit 0, every norm of the family in the table with a
     zero-centred (1+gamma) row, every row passing, and the count in the summary."""
     assert cli.main(["check"]) == 0
+    assert default_checks == [(0, None)]  # the checks at their defaults: seed 0, every norm
     out = capsys.readouterr().out
     rows = _table_rows(out)
     assert rows and all(r.rstrip().endswith("pass") for r in rows)
@@ -38,7 +57,7 @@ def test_check_passes_and_prints_table(capsys):
         assert any("finite differences (fast)" in r for r in mine), nm.name
         assert any("1+gamma" in r for r in mine), nm.name
     assert "float16" in out and "FAIL" not in out
-    assert f"{len(rows)} passed, 0 failed" in out
+    assert len(rows) == len(check_rows) and f"{len(rows)} passed, 0 failed" in out
 
 
 def _broken_backward(nm):
@@ -85,15 +104,16 @@ def test_check_counts_an_inconclusive_gradient_check_as_a_failure(monkeypatch, c
     assert "FAIL" in out and "inconclusive" in out
 
 
-def test_check_norm_option_picks_the_norms(capsys):
-    """Protects --norm: only the named norms are checked, in the family's order, each once."""
+def test_check_norm_option_picks_the_norms(capsys, check_rows):
+    """Protects --norm: only the named norms are checked, in the family's order, each once
+    (as many rows as those norms have among every norm's)."""
     assert cli.main(["check", "--norm", "add_rms_norm", "--norm", "rms_norm",
                      "--norm", "rms_norm"]) == 0
     rows = _table_rows(capsys.readouterr().out)
     titles = [r.split("  ")[0] for r in rows]
     first = titles.index("add+RMSNorm")
     assert set(titles) == {"RMSNorm", "add+RMSNorm"} and set(titles[:first]) == {"RMSNorm"}
-    assert len(rows) == len(selfcheck.run_checks(norms=["rms_norm", "add_rms_norm"]))
+    assert len(rows) == sum(r.norm in ("rms_norm", "add_rms_norm") for r in check_rows)
 
 
 def _exit_and_stderr(argv: list[str], capsys) -> tuple[int, str]:
@@ -220,12 +240,13 @@ def test_plain_reduces_markup_to_words():
     assert cli.plain("the *minimal bytes* of a * b") == "the minimal bytes of a * b"
 
 
-def test_report_writes_markdown(tmp_path, monkeypatch):
+def test_report_writes_markdown(tmp_path, monkeypatch, default_checks):
     """Protects `layernorm report`: README.md opens with the summary (each section's verdict
     linking to its section) before the machine table and the sections' details."""
     monkeypatch.setattr(report, "SECTIONS",
                         [("Gradient checks", "layernorm.commands.check:report_section")])
     assert cli.main(["report", "--out", str(tmp_path), "--quick"]) == 0
+    assert default_checks == [(0, None)]
     text = (tmp_path / "README.md").read_text()
     assert text.startswith("# layernorm report")
     summary, machine, details = (text.index("## Summary"), text.index("## Machine"),

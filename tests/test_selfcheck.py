@@ -15,9 +15,9 @@ NORM_NAMES = list(NORMS)
 HAS_NUMBA = selfcheck._fused_cpu() is not None
 
 
-@pytest.fixture(scope="module")
-def rows():
-    return selfcheck.run_checks()
+@pytest.fixture
+def rows(check_rows):
+    return list(check_rows)
 
 
 def test_every_norm_has_every_kind_of_check(rows):

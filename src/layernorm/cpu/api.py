@@ -204,17 +204,21 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     cdt = cache.scale.dtype
     dy2 = _storage(_contiguous(dy, dy.dtype if compute_dtype(dy.dtype) == cdt else cdt)[0])
     adt = widest_compute_dtype(cache.x_dtype, cache.residual_dtype, cdt) if norm.residual else cdt
+    dx2 = _storage(dx).reshape(m, d)
+    # An absent dh or dresidual is an (M, 0) stand-in in the storage dtype that a dh of h's
+    # dtype, or a dresidual of dx's, is passed in: Numba compiles the kernel once per
+    # combination of argument types, and this way one compiled kernel serves a backward with
+    # and without dh, and a plain norm with the add-norm of the same dtypes.
     if dh is None:
-        dh2 = _none(m, cdt)
+        dh2 = _none(m, cache.x.dtype if adt == cdt else adt)
     else:
         dh2 = _storage(_contiguous(dh, dh.dtype if compute_dtype(dh.dtype) == adt
                                    else adt)[0]).reshape(m, d)
-    dres2 = _none(m, cdt) if dres is None else _storage(dres).reshape(m, d)
+    dres2 = _none(m, dx2.dtype) if dres is None else _storage(dres).reshape(m, d)
     partial = np.empty((kernels.n_chunks(m), 2, d))  # (C, 2, D) float64
     ok = np.empty(m, np.bool_)  # (M,)
     kernels.backward_kernel(cache.x, dy2.reshape(m, d), dh2, adt.type(0), cache.scale,
-                            cache.stats, cache.check, norm.centred, _storage(dx).reshape(m, d),
-                            dres2, partial, ok)
+                            cache.stats, cache.check, norm.centred, dx2, dres2, partial, ok)
     if not ok.all():
         what = "h (the forward's output)" if norm.residual else "x"
         raise ValueError(f"{what} changed between the forward and the backward (row "

@@ -136,8 +136,10 @@ def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
     else:
         adt = cdt
         dres = xn.new_empty((0,))
-        dres2 = np.empty((m, 0), _STORAGE[cdt])
-    dh2 = np.empty((m, 0), _STORAGE[cdt]) if dh is None else _np(dh)
+        dres2 = np.empty((m, 0), _STORAGE[dx.dtype])
+    # absent dh and dresidual: (M, 0) stand-ins typed as a dh of h's dtype and a dresidual of
+    # dx's are passed, so that one compiled kernel serves both (as in layernorm.cpu.api)
+    dh2 = np.empty((m, 0), _STORAGE[xn.dtype if adt == cdt else adt]) if dh is None else _np(dh)
     partial = np.empty((kernels.n_chunks(m), 2, d))  # (C, 2, D) float64
     ok = np.empty(m, np.bool_)
     if m:
