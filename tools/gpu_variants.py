@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+from layernorm import family
+from layernorm.bench import gpu
+from layernorm.commands import count
 
 KNOBS = ("MAX_SHORT_D_FWD", "MAX_SHORT_D_BWD", "SHORT_TILE", "LONG_BLOCK", "PROGRAMS_PER_SM",
          "REDUCE_BLOCK_P", "REDUCE_BLOCK_N", "REDUCE_NUM_WARPS")
@@ -84,14 +87,11 @@ def format_lines(rows: list[dict], variants: list[str]) -> list[str]:
 def measure(session: object, kernels: object, device: str, dtype: str, ns: list[int],
             norms: list[str], variants: dict[str, dict[str, int]], out: Path) -> list[dict]:
     """The rows of every (N, norm, pass, variant), measured by ``session`` (as
-    ``layernorm.bench.gpu.sweep``'s) with ``kernels``' constants set to each variant's; a
-    variant that raises is a row with null ms and the run goes on. ``out`` is rewritten after
-    each (N, norm, pass)."""
-    from layernorm import family
-    from layernorm.bench import gpu
-
+    ``layernorm.bench.gpu.sweep``'s, one pass as the sweep measures it) with ``kernels``'
+    constants set to each variant's; a variant that raises is a row with null ms and the
+    error, and the run goes on. ``out`` is rewritten after each (N, norm, pass)."""
     rows: list[dict] = []
-    out.parent.mkdir(parents=True, exist_ok=True)
+    uncaptured: set[tuple[str, str, str]] = set()
     for N in ns:
         M = gpu.rows_for(N, dtype)
         copy = session.copy_gbps(dtype, M, N)
@@ -100,40 +100,19 @@ def measure(session: object, kernels: object, device: str, dtype: str, ns: list[
             for pass_ in gpu.PASSES:
                 for name, settings in variants.items():
                     prov = gpu.Provider(f"layernorm[{name}]", gpu._ours(norm, N, eps))
-                    where = f"{norm} {pass_} N={N} {name}"
                     with settings_of(kernels, settings):
-                        try:
-                            m = session.run(prov, norm, dtype, M, N, pass_)
-                        except Exception as exc:  # a variant may not compile or fit
-                            session.release()
-                            print(f"{where}: failed: {gpu._one_line(exc)}", flush=True)
-                            rows.append(gpu.make_row(device, norm, dtype, M, N, prov.name,
-                                                     pass_, None, copy))
-                            continue
-                    if m.mismatch:
-                        print(f"{where}: differs from the reference: {m.mismatch}", flush=True)
-                    p50 = gpu._quantiles(m.times)[0]
-                    rows.append(gpu.make_row(device, norm, dtype, M, N, prov.name, pass_, p50,
-                                             copy, timing=m.timing))
-                    print(f"{where}: {p50:.4f} ms, {rows[-1]['gbps'] / copy:.3f} of copy",
-                          flush=True)
-                out.write_text(json.dumps(rows, indent=1) + "\n")
+                        row, detail = gpu._measure_one(session, device, prov, norm, dtype, M, N,
+                                                       pass_, copy, print, uncaptured)
+                    rows.append(row)
+                    print(f"{norm} {pass_} N={N} {name}: {detail}", flush=True)
+                gpu.write_results(rows, out, device)
     return rows
-
-
-def count(text: str) -> int:
-    """A positive integer (argparse type)."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpu_variants.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16",
-                                                                 "float32"))
-    parser.add_argument("--norm", action="append",
-                        choices=("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"))
+    parser.add_argument("--dtype", default="bfloat16", choices=gpu.GPU_DTYPES)
+    parser.add_argument("--norm", action="append", choices=gpu.NORMS)
     parser.add_argument("--n", type=count, action="append")
     parser.add_argument("--rounds", type=count, default=50)
     parser.add_argument("--variant", action="append", default=[])
@@ -143,9 +122,6 @@ def main(argv: list[str]) -> int:
         variants = dict([("default", {})] + [parse_variant(v) for v in args.variant])
     except ValueError as exc:
         parser.error(str(exc))
-
-    from layernorm.bench import gpu
-
     if (reason := gpu.unavailable()) is not None:
         parser.error(reason)
     import torch

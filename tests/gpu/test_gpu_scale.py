@@ -85,8 +85,9 @@ def parameter_gradients(case: Case, mean: torch.Tensor, rstd: torch.Tensor
     M, N = case.x.shape
     dgamma = torch.zeros(N, dtype=torch.float64, device=DEVICE)
     dbeta = torch.zeros_like(dgamma)
-    for start in range(0, M, max(1, 2**24 // N)):
-        s = slice(start, start + max(1, 2**24 // N))
+    step = max(1, 2**24 // N)  # rows at a time
+    for start in range(0, M, step):
+        s = slice(start, start + step)
         xn = case.x[s].double()
         if case.norm.residual:
             xn = (xn + case.residual[s].double()).bfloat16().double()
