@@ -42,27 +42,32 @@ check() {  # check STATUS_OF_A_STEP NAME: a failure sets STATUS; the time limit 
 }
 
 install_wheels() {
+    # Installs each wheel once per machine: $SITE/.installed lists those already there, so a
+    # later call of the same machine skips them (and the join of the two halves).
     [ -d .whl ] || { echo "no .whl/: the peers are measured only where installed already"; return; }
-    local wheels=(.whl/*.whl)
-    local part0 part1
+    local done=$SITE/.installed wheels=() w part0 part1 name
+    installed() { grep -qxF "$1" "$done" 2>/dev/null; }
+    for w in .whl/*.whl; do installed "$(basename "$w")" || wheels+=("$w"); done
     part0=$(ls .whl/*.whl.part00 2>/dev/null | head -1)
     part1=$(ls .whl-2/*.whl.part01 2>/dev/null | head -1)
-    if [ -n "$part0" ] && [ -n "$part1" ]; then
-        local name whole want
-        name=$(basename "${part0%.part00}")
-        whole=/tmp/$name
-        cat "$part0" "$part1" > "$whole"
-        want=$(cut -d' ' -f1 ".whl/$name.sha256")
-        if [ "$(sha256sum "$whole" | cut -d' ' -f1)" = "$want" ]; then
-            wheels+=("$whole")
+    name=$(basename "${part0%.part00}")
+    if [ -n "$part0" ] && ! installed "$name"; then
+        if [ -z "$part1" ]; then
+            echo "only the first half of the CUDA 13 libraries' wheel is here: QuACK will not import"
         else
-            echo "the two halves of $(basename "$whole") do not match its SHA-256: not installed"
+            cat "$part0" "$part1" > "/tmp/$name"
+            if [ "$(sha256sum "/tmp/$name" | cut -d' ' -f1)" = "$(cut -d' ' -f1 ".whl/$name.sha256")" ]; then
+                wheels+=("/tmp/$name")
+            else
+                echo "the two halves of $name do not match its SHA-256: not installed"
+            fi
         fi
-    elif [ -n "$part0" ]; then
-        echo "only the first half of the CUDA 13 libraries' wheel is here: QuACK will not import"
     fi
+    [ ${#wheels[@]} -gt 0 ] || { echo "wheels: nothing more to install in $SITE"; return; }
+    mkdir -p "$SITE"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" "${wheels[@]}" 2>&1 | grep -v "^WARNING: Target directory" | tail -5
+    [ "${PIPESTATUS[0]}" -eq 0 ] && printf '%s\n' "${wheels[@]##*/}" >> "$done"
 }
 
 environment() {
