@@ -94,9 +94,9 @@ def test_rows_have_the_schema():
 
 def test_results_files(tmp_path):
     """Protects writing and finding results: a folder gets a time-sorted gpu-*.json (one per
-    run, however often it is rewritten), a .json path is used as given, the newest file wins,
-    rows with unknown keys are refused, and files from before the family (no norm) read as
-    layer_norm."""
+    run, however often it is rewritten), a .json path (any case) is used as given, the newest
+    file wins, rows with unknown keys are refused, and files from before the family (no norm)
+    read as layer_norm."""
     rows = _rows()
     older = tmp_path / "gpu-20240101-000000-x.json"
     older.write_text(json.dumps([{k: v for k, v in rows[0].items() if k != "norm"}]))
@@ -109,6 +109,8 @@ def test_results_files(tmp_path):
     assert bench.load_results(path) == rows
     named = bench.write_results(rows, tmp_path / "sub" / "mine.json", "gpu")
     assert named == tmp_path / "sub" / "mine.json" and named.exists()
+    upper = bench.write_results(rows, tmp_path / "MINE.JSON", "gpu")  # as the CLI reads --out
+    assert upper == tmp_path / "MINE.JSON" and upper.is_file()
     bad = tmp_path / "gpu-29990101-000000-bad.json"
     bad.write_text(json.dumps([{**rows[0], "extra": 1}]))
     with pytest.raises(ValueError, match="keys"):

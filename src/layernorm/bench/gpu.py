@@ -184,11 +184,17 @@ def results_path(device: str) -> str:
     return f"gpu-{stamp}-{slug}.json"
 
 
+def names_a_file(out: Path | str) -> bool:
+    """Whether ``out`` (``--out``) names a results file (a .json name, any case) rather than
+    a folder for one."""
+    return Path(out).suffix.lower() == ".json"
+
+
 def results_file(out: Path | str | None, device: str) -> Path:
-    """Where rows go: ``out`` if it is a .json file, else a :func:`results_path` file in the
-    folder ``out`` (default bench/results)."""
+    """Where rows go: ``out`` if it names a .json file, else a :func:`results_path` file in
+    the folder ``out`` (default bench/results)."""
     out = RESULTS_DIR if out is None else Path(out)
-    return out if out.suffix == ".json" else out / results_path(device)
+    return out if names_a_file(out) else out / results_path(device)
 
 
 def write_results(rows: list[dict[str, Any]], out: Path | str | None, device: str) -> Path:

@@ -121,12 +121,12 @@ PROG = "layernorm bench"
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.resume and (args.device != "cuda" or args.out is None
-                        or args.out.suffix.lower() != ".json"):
+    out_file = args.out is not None and gpu.names_a_file(args.out)
+    if args.resume and (args.device != "cuda" or not out_file):
         return usage_error(PROG, "argument --resume: needs --device cuda and --out FILE.json "
                                  "(the file whose rows to keep)")
     if args.out is not None:  # on CUDA, --out may name a folder
-        folder = args.device == "cuda" and args.out.suffix.lower() != ".json"
+        folder = args.device == "cuda" and not out_file
         if (problem := writable(args.out, folder=folder)) is not None:
             return usage_error(PROG, f"argument --out: {problem}")
     if args.device == "cuda":
