@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(if $(strip $(TORCH)),$(BIN)/pip install -q $(TORCH))
-	$(BIN)/pip install -q -e ".[dev,fast,gpu,torch]"
+	$(BIN)/pip install -q -e ".[dev,fast,gpu,torch,peers]"
 	touch $(STAMP)
 
 report: $(STAMP)

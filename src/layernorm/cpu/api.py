@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from .._validate import (
@@ -27,7 +28,7 @@ from .._validate import (
 from ..dtypes import compute_dtype, widest_compute_dtype
 from ..family import NORMS, Norm
 from ..reference import form_scale
-from . import kernels
+from . import entry, kernels
 from .kernels import HI, LO, NSTATS, RSTD, SCALE
 
 __all__ = [
@@ -121,6 +122,18 @@ def _none(m: int, dtype: np.dtype) -> np.ndarray:
     return np.empty((m, 0), dtype)
 
 
+def _ptr(a: np.ndarray) -> int:
+    """The address of ``a``'s memory (0 for an empty array, which the kernels never index)."""
+    return a.ctypes.data if a.size else 0
+
+
+def threads() -> int:
+    """The threads a call of the NumPy API may use: Numba's setting for the calling thread,
+    ``numba.set_num_threads`` (by default the machine's cores). The kernels run on a pool of
+    this package's own, not on Numba's parallel layer."""
+    return numba.get_num_threads()
+
+
 def _output(out: object, name: str, shape: tuple[int, ...], dtype: np.dtype,
             callers: tuple[object, ...], why: str) -> np.ndarray:
     """``out`` checked, or a fresh array, of ``shape`` and ``dtype``."""
@@ -166,8 +179,15 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
         zp = cdt.type(0)
     stats = np.empty((m, NSTATS))  # (M, NSTATS) float64
     check = np.empty(m, np.uint64)  # (M,)
-    kernels.forward_kernel(x2, r2, zp, scale, beta_c, eps, norm.centred, _storage(y).reshape(m, d),
-                           h2, stats, check)
+    y2 = _storage(y).reshape(m, d)
+    key = entry.forward_key(x2.dtype.name, r2.dtype.name if norm.residual else None,
+                            h2.dtype.name if norm.residual else None, cdt.name, zp.dtype.name)
+    flags = (kernels.CENTRED if norm.centred else 0) | kernels.CHECKSUM
+    if m:
+        entry.run(entry.ctypes_fn(key),
+                  (_ptr(x2), _ptr(r2), _ptr(h2), _ptr(y2), 0, _ptr(scale), _ptr(beta_c), eps,
+                   flags, _ptr(stats), _ptr(check), m, d, r2.shape[1], m, m),
+                  m, m * d, threads())
     cache = CpuNormCache(
         norm=norm, x=h2 if norm.residual else x2, stats=stats, check=check, scale=scale,
         gamma_dtype=None if gamma is None else gamma.dtype,
@@ -205,28 +225,35 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     dy2 = _storage(_contiguous(dy, dy.dtype if compute_dtype(dy.dtype) == cdt else cdt)[0])
     adt = widest_compute_dtype(cache.x_dtype, cache.residual_dtype, cdt) if norm.residual else cdt
     dx2 = _storage(dx).reshape(m, d)
-    # An absent dh or dresidual is an (M, 0) stand-in in the storage dtype that a dh of h's
-    # dtype, or a dresidual of dx's, is passed in: Numba compiles the kernel once per
-    # combination of argument types, and this way one compiled kernel serves a backward with
-    # and without dh, and a plain norm with the add-norm of the same dtypes.
+    # an absent dh or dresidual is an (M, 0) stand-in (entry.backward_key names the kernel)
     if dh is None:
-        dh2 = _none(m, cache.x.dtype if adt == cdt else adt)
+        dh2 = _none(m, cache.x.dtype)
     else:
         dh2 = _storage(_contiguous(dh, dh.dtype if compute_dtype(dh.dtype) == adt
                                    else adt)[0]).reshape(m, d)
     dres2 = _none(m, dx2.dtype) if dres is None else _storage(dres).reshape(m, d)
-    partial = np.empty((kernels.n_chunks(m), 2, d))  # (C, 2, D) float64
-    ok = np.empty(m, np.bool_)  # (M,)
-    kernels.backward_kernel(cache.x, dy2.reshape(m, d), dh2, adt.type(0), cache.scale,
-                            cache.stats, cache.check, norm.centred, dx2, dres2, partial, ok)
+    c = kernels.n_chunks(m)
+    partial = np.empty((c, 2, d))  # (C, 2, D) float64
+    ok = np.ones(m, np.bool_)  # (M,)
+    dy2 = dy2.reshape(m, d)
+    key = entry.backward_key(cache.x.dtype.name, dy2.dtype.name,
+                             None if dh is None else dh2.dtype.name, dx2.dtype.name,
+                             None if dres is None else dres2.dtype.name, cdt.name, adt.name)
+    sums = np.zeros((2, d))  # (2, D) float64: dgamma, dbeta
+    if m:
+        entry.run(entry.ctypes_fn(key),
+                  (_ptr(cache.x), _ptr(dy2), _ptr(dh2), _ptr(dx2), _ptr(dres2), 0,
+                   _ptr(cache.scale), _ptr(cache.stats), _ptr(cache.check),
+                   kernels.CENTRED if norm.centred else 0, _ptr(partial), _ptr(ok), m, d,
+                   dh2.shape[1], dres2.shape[1], m, c),
+                  c, m * d, threads())
+        entry.ctypes_fn("reduce")(_ptr(partial), _ptr(sums), c, d)
     if not ok.all():
         what = "h (the forward's output)" if norm.residual else "x"
         raise ValueError(f"{what} changed between the forward and the backward (row "
                          f"{int(np.argmin(ok))} first): the backward would differentiate a "
                          f"forward that did not run; keep it unchanged until the backward, or "
                          f"pass a copy to the forward")
-    sums = np.empty((2, d))  # (2, D) float64: dgamma, dbeta
-    kernels.reduce_chunks(partial, sums)
     dgamma = None if cache.gamma_dtype is None else sums[0].astype(cache.gamma_dtype)  # (D,)
     dbeta = None if cache.beta_dtype is None else sums[1].astype(cache.beta_dtype)  # (D,)
     return dx, dres, dgamma, dbeta

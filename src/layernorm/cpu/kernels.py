@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -51,6 +51,9 @@ TILE = 4  # rows of a backward tile: its dgamma/dbeta terms join the float64 par
 # checksum.
 HI, LO, RSTD, SCALE = 0, 1, 2, 3
 NSTATS = 4
+
+# Bits of the entry points' ``flags``: LayerNorm (else RMSNorm); a checksum per row.
+CENTRED, CHECKSUM = 1, 2
 
 
 # --- element conversion: storage <-> compute -------------------------------------------------
@@ -203,10 +206,11 @@ def _sum(row, z):
 
 
 @njit(fastmath={"reassoc"}, cache=True)
-def _sum_centred(row, m0, z):
+def _sum_centred(row, m0, z, with_ck):
     """(sum_j d_j, sum_j d_j^2, checksum) with d = row - m0 in T (row: (D,) storage; m0, z: T).
 
-    The checksum is sum_j _mix(row_j, j) mod 2**64.
+    The checksum is sum_j _mix(row_j, j) mod 2**64 when ``with_ck``, else 0 (two loops, so
+    that the sums alone vectorise without it).
     """
     s1 = 0.0
     s2 = 0.0
@@ -215,19 +219,25 @@ def _sum_centred(row, m0, z):
         blk = row[j0:j0 + BLOCK]  # (<= BLOCK,)
         b1 = z
         b2 = z
-        for j in range(blk.shape[0]):
-            d = _ld(blk[j]) - m0
-            b1 += d
-            b2 += d * d
-            ck += _mix(blk[j], j0 + j)
+        if with_ck:
+            for j in range(blk.shape[0]):
+                d = _ld(blk[j]) - m0
+                b1 += d
+                b2 += d * d
+                ck += _mix(blk[j], j0 + j)
+        else:
+            for j in range(blk.shape[0]):
+                d = _ld(blk[j]) - m0
+                b1 += d
+                b2 += d * d
         s1 += b1
         s2 += b2
     return s1, s2, ck
 
 
 @njit(fastmath={"reassoc"}, cache=True)
-def _sum_grad(xr, dyr, scale, hi, z):
-    """(sum_j u_j, sum_j u_j (x_j - hi), checksum of x) with u = dy * scale (all (D,))."""
+def _sum_grad(xr, dyr, scale, hi, z, with_ck):
+    """(sum_j u_j, sum_j u_j (x_j - hi), checksum of x or 0) with u = dy * scale (all (D,))."""
     s1 = 0.0
     s2 = 0.0
     ck = np.uint64(0)
@@ -237,11 +247,17 @@ def _sum_grad(xr, dyr, scale, hi, z):
         gb = scale[j0:j0 + BLOCK]
         b1 = z
         b2 = z
-        for j in range(xb.shape[0]):
-            u = _ld(db[j]) * gb[j]
-            b1 += u
-            b2 += u * (_ld(xb[j]) - hi)
-            ck += _mix(xb[j], j0 + j)
+        if with_ck:
+            for j in range(xb.shape[0]):
+                u = _ld(db[j]) * gb[j]
+                b1 += u
+                b2 += u * (_ld(xb[j]) - hi)
+                ck += _mix(xb[j], j0 + j)
+        else:
+            for j in range(xb.shape[0]):
+                u = _ld(db[j]) * gb[j]
+                b1 += u
+                b2 += u * (_ld(xb[j]) - hi)
         s1 += b1
         s2 += b2
     return s1, s2, ck
@@ -262,13 +278,13 @@ def _split_mean(m0, c, z):
 
 
 @njit(error_model="numpy", cache=True)
-def _row_stats(xr, eps, centred, z):
-    """(hi, lo, rstd, finite, checksum) of one row (xr: (D,)), corrected two-pass. IEEE
+def _row_stats(xr, eps, centred, z, with_ck):
+    """(hi, lo, rstd, finite, checksum or 0) of one row (xr: (D,)), corrected two-pass. IEEE
     division: with eps = 0 (the torch API allows it) a constant row gets rstd = inf, so its
     xhat is NaN, as torch's."""
     D = xr.shape[0]
     m0 = _to(_sum(xr, z) / D, z) if centred else z
-    s1, s2, ck = _sum_centred(xr, m0, z)
+    s1, s2, ck = _sum_centred(xr, m0, z, with_ck)
     c = s1 / D if centred else 0.0
     var = max(s2 / D - c * c, 0.0)  # a variance: rounding must not take it below 0
     hi, lo = _split_mean(np.float64(m0), c, z)
@@ -309,7 +325,7 @@ def _scaled_stats(xr, eps, centred, st):
     e = math.frexp(amax)[1] if np.isfinite(amax) else 0
     scale = math.ldexp(1.0, -e)
     xs = _scaled_row(xr, scale)
-    hi, lo, r, _, _ = _row_stats(xs, math.ldexp(eps, -2 * e), centred, 0.0)
+    hi, lo, r, _, _ = _row_stats(xs, math.ldexp(eps, -2 * e), centred, 0.0, False)
     st[HI], st[LO], st[RSTD], st[SCALE] = hi, lo, r, scale
     return xs
 
@@ -345,10 +361,11 @@ def _write_y(xr, hi, lo, rc, scale, beta, yr, nxt):
 
 
 @njit(cache=True)
-def _forward_row(xr, eps, centred, scale, beta, yr, st, nxt):
-    """y of one row (xr, yr: (D,)); fills st (NSTATS,); returns the row's checksum."""
+def _forward_row(xr, eps, centred, scale, beta, yr, st, nxt, with_ck):
+    """y of one row (xr, yr: (D,)); fills st (NSTATS,); returns the row's checksum (0 without
+    ``with_ck``)."""
     z = scale.dtype.type(0)
-    hi, lo, r, finite, ck = _row_stats(xr, eps, centred, z)
+    hi, lo, r, finite, ck = _row_stats(xr, eps, centred, z, with_ck)
     if finite:
         st[HI], st[LO], st[RSTD], st[SCALE] = hi, lo, r, 1.0
         _write_y(xr, hi, lo, _to(r, z), scale, beta, yr, nxt)
@@ -361,22 +378,31 @@ def _forward_row(xr, eps, centred, scale, beta, yr, st, nxt):
     return ck
 
 
-@njit(parallel=True, cache=True)
-def forward_kernel(x, residual, zp, scale, beta, eps, centred, y, h, stats, check):
-    """Fill y (M, D), stats (M, NSTATS) float64, check (M,) uint64, and h for an add-norm.
+@njit(cache=True)
+def forward_rows(x, residual, zp, scale, beta, eps, flags, y, h, stats, check, i0, i1):
+    """Rows i0 <= i < i1 of the forward: y (M, D), and for those rows h, stats, check.
 
     x: (M, D) storage; residual and h: (M, D) storage for an add-norm, else (M, 0) (then the
     norm is of x); zp: a zero of the dtype the add is computed in; scale, beta: (D,) T (ones
-    and zeros stand in for absent parameters).
+    and zeros stand in for absent parameters); flags: CENTRED | CHECKSUM; stats: (M, NSTATS)
+    float64, or (0, NSTATS) to keep no statistics (inference); check: (M,) uint64, written
+    with CHECKSUM, else (0,).
     """
     M = x.shape[0]
-    for i in prange(M):
+    centred = (flags & CENTRED) != 0
+    with_ck = (flags & CHECKSUM) != 0
+    keep = stats.shape[0] > 0
+    scratch = np.empty(NSTATS)  # a row's statistics when none are kept
+    for i in range(i0, i1):
         nxt = x[min(i + 1, M - 1)]
+        st = stats[i] if keep else scratch
         if residual.shape[1] > 0:  # the norm of h, as rounded: the backward reads the same
             _add_row(x[i], residual[i], h[i], zp)
-            check[i] = _forward_row(h[i], eps, centred, scale, beta, y[i], stats[i], nxt)
+            ck = _forward_row(h[i], eps, centred, scale, beta, y[i], st, nxt, with_ck)
         else:
-            check[i] = _forward_row(x[i], eps, centred, scale, beta, y[i], stats[i], nxt)
+            ck = _forward_row(x[i], eps, centred, scale, beta, y[i], st, nxt, with_ck)
+        if with_ck:
+            check[i] = ck
 
 
 # --- backward ----------------------------------------------------------------------------
@@ -520,7 +546,7 @@ def _backward_row_f64(xr, dyr, dhr, scale, st, centred, dxr, drr, pg, pb):
         umax = max(umax, abs(np.float64(_ld(dyr[j])) * gs[j]))
     k = max(0, math.frexp(umax)[1]) if np.isfinite(umax) else 0
     dys = _scaled_row(dyr, math.ldexp(1.0, -k))
-    su, sut, _ = _sum_grad(xs, dys, gs, hi, 0.0)
+    su, sut, _ = _sum_grad(xs, dys, gs, hi, 0.0, False)
     mg = su / D if centred else 0.0
     mgx = r * (sut - lo * su) / D
     shift = k + math.frexp(scale_x)[1] - 1  # scale_x = 2**(frexp exponent - 1)
@@ -546,15 +572,17 @@ def _backward_row_f64(xr, dyr, dhr, scale, st, centred, dxr, drr, pg, pb):
 def _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx, dres, pg, pb, i):
     """Row i of the backward alone: dx[i] (and dres[i]), its terms added to pg, pb.
 
-    Returns False when x[i] no longer matches the forward's checksum (nothing written then).
+    Returns False when x[i] no longer matches the forward's checksum (nothing written then);
+    ``check`` (0,) skips the comparison.
     """
     M, D = x.shape
     z = scale.dtype.type(0)
     st = stats[i]
     hi = _to(st[HI], z)
     lo = _to(st[LO], z)
-    su, sut, ck = _sum_grad(x[i], dy[i], scale, hi, z)
-    if ck != check[i]:
+    verify = check.shape[0] > 0
+    su, sut, ck = _sum_grad(x[i], dy[i], scale, hi, z, verify)
+    if verify and ck != check[i]:
         return False
     dhr = dh[i]  # (D,), or (0,) when there is no dh
     drr = dres[i]  # (D,), or (0,) for a plain norm
@@ -569,15 +597,16 @@ def _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx, dres, pg, pb,
     return True
 
 
-@njit(parallel=True, cache=True)
-def backward_kernel(x, dy, dh, zp, scale, stats, check, centred, dx, dres, partial, ok):
-    """Fill dx (M, D), dres (M, D) for an add-norm, and partial (C, 2, D) float64 with each
-    chunk's (dgamma, dbeta) partial sums; ok (M,) bool says whether each row's x matched
-    the forward's checksum.
+@njit(cache=True)
+def backward_chunks(x, dy, dh, zp, scale, stats, check, flags, dx, dres, partial, ok, c0, c1):
+    """Chunks c0 <= c < c1 of the backward: their rows' dx (M, D) and dres (M, D) for an
+    add-norm, and partial[c] (2, D) float64, the chunk's (dgamma, dbeta) partial sums.
 
     x, dy: (M, D) storage; dh: (M, D), or (M, 0) without dh, added to the norm's dx in the
-    type of ``zp``; dres: (M, D) for an add-norm,
-    else (M, 0); scale: (D,) T; stats: (M, NSTATS) float64; check: (M,) uint64.
+    type of ``zp``; dres: (M, D) for an add-norm, else (M, 0); scale: (D,) T; stats:
+    (M, NSTATS) float64; flags: CENTRED; partial: (C, 2, D) float64 for C = n_chunks(M), chunk
+    c holding rows c*M//C to (c+1)*M//C. check (M,) uint64 and ok (M,) bool: whether each row
+    of x matched the forward's checksum; both (0,) to skip the comparison.
     Rows go TILE at a time (the chunk's last M % TILE rows, a tile holding a scaled or changed
     row or a row whose T sums are not finite, and add-norms whose dx and dresidual differ in
     dtype, one at a time): the partials get the same additions in the same row order.
@@ -585,13 +614,15 @@ def backward_kernel(x, dy, dh, zp, scale, stats, check, centred, dx, dres, parti
     M, D = x.shape
     z = scale.dtype.type(0)
     C = partial.shape[0]
+    centred = (flags & CENTRED) != 0
+    verify = check.shape[0] > 0
     tiles = dres.shape[1] == 0 or dres.dtype == dx.dtype
-    for c in prange(C):
+    st = np.empty((TILE, 5), scale.dtype)  # per row: hi, lo, rstd, mean_g, mean_gxhat
+    for c in range(c0, c1):
         pg = partial[c, 0]  # (D,) float64
         pb = partial[c, 1]  # (D,) float64
         pg[:] = 0.0
         pb[:] = 0.0
-        st = np.empty((TILE, 5), scale.dtype)  # per row: hi, lo, rstd, mean_g, mean_gxhat
         i = c * M // C
         end = (c + 1) * M // C
         while tiles and i + TILE <= end:
@@ -601,8 +632,8 @@ def backward_kernel(x, dy, dh, zp, scale, stats, check, centred, dx, dres, parti
                 r = s[RSTD]
                 hi = _to(s[HI], z)
                 lo = _to(s[LO], z)
-                su, sut, ck = _sum_grad(x[i + k], dy[i + k], scale, hi, z)
-                same = ck == check[i + k]
+                su, sut, ck = _sum_grad(x[i + k], dy[i + k], scale, hi, z, verify)
+                same = not verify or ck == check[i + k]
                 fast = fast and same and s[SCALE] == 1.0 and np.isfinite(su) and np.isfinite(sut)
                 st[k, 0] = hi
                 st[k, 1] = lo
@@ -612,23 +643,28 @@ def backward_kernel(x, dy, dh, zp, scale, stats, check, centred, dx, dres, parti
             if fast:
                 _write_dx_tile(x[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], zp, scale, st,
                                dx[i:i + TILE], dres[i:i + TILE], pg, pb)
-                for k in range(TILE):
-                    ok[i + k] = True
+                if verify:
+                    for k in range(TILE):
+                        ok[i + k] = True
             else:
                 for k in range(TILE):
-                    ok[i + k] = _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx,
-                                              dres, pg, pb, i + k)
+                    same = _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx,
+                                         dres, pg, pb, i + k)
+                    if verify:
+                        ok[i + k] = same
             i += TILE
         for k in range(i, end):
-            ok[k] = _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx, dres, pg,
-                                  pb, k)
+            same = _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx, dres, pg,
+                                 pb, k)
+            if verify:
+                ok[k] = same
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def reduce_chunks(partial, out):
     """out (2, D) float64 = sum over c of partial (C, 2, D), added in chunk order."""
     C, _, D = partial.shape
-    for k in prange(2):
+    for k in range(2):
         acc = out[k]  # (D,)
         acc[:] = 0.0
         for c in range(C):

@@ -1,4 +1,4 @@
-"""How the ops shard: DTensor runs ``layernorm::fwd`` and ``layernorm::bwd`` on each rank's rows.
+"""How the ops shard: DTensor runs ``layernorm::fwd``, ``norm`` and ``bwd`` on each rank's rows.
 
 Every output row of the family depends on its own input row alone, and the parameters'
 gradients are sums over rows. So with x (and residual, dy, dh, the statistics) split by rows,
@@ -13,6 +13,7 @@ a split of the rows (``Shard(0)``, or the ``_StridedShard`` of dim 0 that flatte
 (B, S, D) tensor split along S gives):
 
     fwd  rows:       x, residual R; weight, bias Replicate   -> y, h, stats0, stats1 R
+    norm rows:       as fwd                                   -> y, h R
          replicated: everything Replicate
     bwd  rows:       dy, dh, xn, stats0, stats1 R; weight, bias Replicate
                      -> dx, dresidual R; dweight, dbias Partial()
@@ -79,6 +80,13 @@ def register() -> bool:
     def fwd_strategies(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
         """[(outputs y, h, stats0, stats1), (inputs x, residual, weight, bias)] per strategy."""
         return [([r, rep if residual is None else r, r, r],
+                 [r, given(residual, r), given(weight, rep), given(bias, rep)])
+                for r in row_placements(x)]
+
+    @register_sharding(torch.ops.layernorm.norm.default)
+    def norm_strategies(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+        """[(outputs y, h), (inputs x, residual, weight, bias)] per strategy."""
+        return [([r, rep if residual is None else r],
                  [r, given(residual, r), given(weight, rep), given(bias, rep)])
                 for r in row_placements(x)]
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ._ops import fwd
+from ._ops import fwd, norm
 
 __all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "rms_norm"]
 
@@ -38,24 +38,36 @@ def _check_tensor(t: object, name: str) -> Tensor:
 
 
 def _check_device(x: Tensor, name: str) -> None:
-    if x.device.type not in ("cpu", "cuda"):
+    if not (x.is_cpu or x.is_cuda):
         raise ValueError(f"{name} must be on a CPU or CUDA device, got {x.device}")
 
 
 def _normalized_shape(normalized_shape: object, x: Tensor, name: str) -> tuple[int, ...]:
-    scalar = isinstance(normalized_shape, numbers.Integral) and not isinstance(
-        normalized_shape, bool)
-    dims = (normalized_shape,) if scalar else normalized_shape
-    if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence) or not all(
-        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in dims
-    ):
-        raise TypeError(
-            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
-    shape = tuple(int(d) for d in dims)
+    if type(normalized_shape) is int:  # the common cases first: they cost least to check
+        shape = (normalized_shape,)
+    elif type(normalized_shape) is tuple and len(normalized_shape) == 1 and type(
+            normalized_shape[0]) is int:
+        shape = normalized_shape
+    elif type(normalized_shape) in (tuple, list, torch.Size) and all(
+            type(d) is int for d in normalized_shape):
+        shape = tuple(normalized_shape)
+    else:
+        scalar = isinstance(normalized_shape, numbers.Integral) and not isinstance(
+            normalized_shape, bool)
+        dims = (normalized_shape,) if scalar else normalized_shape
+        if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence) or not all(
+            isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in dims
+        ):
+            raise TypeError(
+                f"normalized_shape must be an int or a sequence of ints, got "
+                f"{normalized_shape!r}")
+        shape = tuple(int(d) for d in dims)
     if not shape or min(shape) < 1:
         raise ValueError(
             f"normalized_shape must be non-empty with every size >= 1, got {shape}")
-    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
+    if len(shape) == 1 and x.dim() >= 1 and x.shape[-1] == shape[0]:
+        return shape
+    if x.dim() < len(shape) or x.shape[x.dim() - len(shape):] != shape:
         raise ValueError(
             f"normalized_shape {shape} must equal the trailing axes of {name}, got {name} of "
             f"shape {tuple(x.shape)}")
@@ -67,15 +79,17 @@ def _check_param(p: object, name: str, shape: tuple[int, ...], x: Tensor) -> Ten
     if p is None:
         return None
     p = _check_tensor(p, name)
-    if tuple(p.shape) != shape:
+    if p.shape != shape:
         raise ValueError(f"{name} must have shape normalized_shape = {shape}, got "
                          f"{tuple(p.shape)}")
     if p.device != x.device:
         raise ValueError(f"{name} must be on the input's device {x.device}, got {p.device}")
-    return p.reshape(-1)
+    return p if len(shape) == 1 else p.reshape(-1)
 
 
 def _check_eps(eps: object, dtype: torch.dtype) -> float:
+    if type(eps) is float and 0.0 <= eps < math.inf:  # the common case (NaN fails it)
+        return eps
     if eps is None:
         return float(torch.finfo(dtype).eps)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
@@ -118,15 +132,30 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
     eps = _check_eps(eps, h_dtype or x.dtype)
     zero_centered_gamma = _check_flag(zero_centered_gamma, "zero_centered_gamma")
 
-    cast = AUTOCAST.get((x.device.type, centred))
-    if cast is not None and torch.is_autocast_enabled(x.device.type):
-        x, weight, bias = (None if t is None else t.to(cast) for t in (x, weight, bias))
+    if x.is_cuda:
+        cast = AUTOCAST.get(("cuda", centred))
+        if cast is not None and torch.is_autocast_enabled("cuda"):
+            x, weight, bias = (None if t is None else t.to(cast) for t in (x, weight, bias))
 
-    d = math.prod(shape)
-    x2 = x.reshape(-1, d)  # (M, D): a view when the strides allow it
-    r2 = residual.reshape(-1, d) if add else None
-    y, h, _s0, _s1 = fwd(x2, r2, weight, bias, eps, centred, zero_centered_gamma, h_dtype)
-    return y.view(x.shape), h.view(x.shape) if add else None
+    # The ops normalize the last axis of a tensor of any rank. A normalized_shape of several
+    # axes is flattened to one, and a tensor subclass (a DTensor) to (M, D): its sharding
+    # strategies know rows as the first axis.
+    flat = len(shape) > 1 or type(x) is not Tensor
+    x2, r2 = x, residual
+    if flat:
+        d = math.prod(shape)
+        x2 = x.reshape(-1, d)  # (M, D): a view when the strides allow it
+        r2 = residual.reshape(-1, d) if add else None
+    if torch.is_grad_enabled() and (
+            x.requires_grad or (add and residual.requires_grad)
+            or (weight is not None and weight.requires_grad)
+            or (bias is not None and bias.requires_grad)):
+        y, h, _s0, _s1 = fwd(x2, r2, weight, bias, eps, centred, zero_centered_gamma, h_dtype)
+    else:  # nothing to differentiate: no statistics are computed or kept
+        y, h = norm(x2, r2, weight, bias, eps, centred, zero_centered_gamma, h_dtype)
+    if flat:
+        y, h = y.view(x.shape), h.view(x.shape) if add else h
+    return y, h if add else None
 
 
 def layer_norm(

@@ -1,16 +1,18 @@
-"""The family as two ``torch.library`` custom ops, with fake tensors, autograd and a device switch.
+"""The family as three ``torch.library`` ops, with fake tensors, autograd and a device switch.
 
-``layernorm::fwd`` and ``layernorm::bwd`` serve every norm (``centred`` picks LayerNorm or
-RMSNorm, a residual makes it an add-norm). They take 2-D (M, D) tensors; the functions of
-:mod:`layernorm.torch` check and flatten the caller's arguments first. Each op runs
+``layernorm::fwd`` and ``layernorm::bwd`` serve every norm in training (``centred`` picks
+LayerNorm or RMSNorm, a residual makes it an add-norm); ``layernorm::norm`` is the forward of
+inference, which keeps no statistics. They normalize x (..., D) over its last axis, as M rows;
+the functions of :mod:`layernorm.torch` check the caller's arguments first. Each op runs
 
-* on CPU tensors, the fused Numba kernels (:mod:`._cpu`), reading the tensors' memory;
+* on CPU tensors, the fused CPU kernels: through the C++ operator of ``csrc/cpu_ops.cpp``
+  (:mod:`._native`), or where it cannot be built through Python (:mod:`._cpu`);
 * on CUDA tensors, the Triton kernels (:mod:`layernorm.gpu.kernels`).
 
 ``torch.compile`` sees each op as one opaque node (no graph break); the fake implementations
 give the outputs' shapes without running anything. The statistics the backward reads are two
-tensors whose layout is the backend's own: on CPU ``stats`` (M, NSTATS) float64 and a checksum
-(M,) int64; on CUDA mean (M,) and rstd (M,) in the statistics dtype. Both have rows first, so
+tensors whose layout is the backend's own: on CPU ``stats`` (M, NSTATS) float64 and an (M, 0)
+placeholder; on CUDA mean (M,) and rstd (M,) in the statistics dtype. Both have rows first, so
 a row-sharded input gives row-sharded statistics.
 
 Autograd saves what the backward reads through ``save_for_backward`` (x, or h for an add-norm,
@@ -23,15 +25,110 @@ operations (:func:`composite_backward`), which autograd differentiates.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from . import _cpu
+from . import _cpu, _native
 
-__all__ = ["bwd", "composite_backward", "fwd", "triton_on_cpu"]
+__all__ = ["NATIVE", "bwd", "composite_backward", "fwd", "norm", "triton_on_cpu"]
+
+_LIB = torch.library.Library("layernorm", "DEF")
+_LIB.define(
+    "fwd(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, bool centred, "
+    "bool zero_centered_gamma, ScalarType? h_dtype) -> (Tensor, Tensor, Tensor, Tensor)")
+_LIB.define(
+    "norm(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, bool centred, "
+    "bool zero_centered_gamma, ScalarType? h_dtype) -> (Tensor, Tensor)")
+_LIB.define(
+    "bwd(Tensor dy, Tensor? dh, Tensor xn, Tensor? weight, Tensor? bias, Tensor stats0, "
+    "Tensor stats1, bool centred, bool zero_centered_gamma, ScalarType? x_dtype, "
+    "ScalarType? residual_dtype) -> (Tensor, Tensor, Tensor, Tensor)")
+
+fwd = torch.ops.layernorm.fwd.default
+"""y (M, D) in x's dtype; h (M, D) in ``h_dtype`` for an add-norm, else an empty (0,); and the
+two statistics tensors the backward reads (layout: see the module docstring)."""
+norm = torch.ops.layernorm.norm.default
+"""y and h as :data:`fwd`, without statistics: the forward when nothing needs a gradient."""
+bwd = torch.ops.layernorm.bwd.default
+"""dx (M, D) in ``x_dtype`` (xn's dtype when None); dresidual (M, D) in ``residual_dtype`` for
+an add-norm, else an empty (0,); dweight and dbias in their parameters' dtypes, or an empty (0,)
+for an absent one (an op returns neither None nor aliases)."""
+
+
+# --- CUDA: the Triton kernels ---------------------------------------------------------------
+
+def _rows(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.reshape(-1, t.shape[-1])
+
+
+def _fwd_triton(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+    from ..gpu import kernels
+
+    h_dtype = x.dtype if h_dtype is None else h_dtype
+    y, h, mean, rstd = kernels.forward(
+        _rows(x), _rows(residual), weight, bias, eps, centred=centred,
+        zero_centered_gamma=zero_centered_gamma, h_dtype=None if residual is None else h_dtype)
+    return y.view(x.shape), x.new_empty((0,)) if h is None else h.view(x.shape), mean, rstd
+
+
+def _norm_triton(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+    y, h, _mean, _rstd = _fwd_triton(x, residual, weight, bias, eps, centred,
+                                     zero_centered_gamma, h_dtype)
+    return y, h
+
+
+def _bwd_triton(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_gamma,
+                x_dtype, residual_dtype):
+    from ..gpu import kernels
+
+    if dy.stride(-1) != 1:
+        dy = dy.contiguous()
+    if dh is not None and dh.stride(-1) != 1:
+        dh = dh.contiguous()
+    dx, dres, dw, db = kernels.backward(
+        _rows(dy), _rows(dh), _rows(xn), weight, bias, stats0, stats1, centred=centred,
+        zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
+        residual_dtype=residual_dtype)
+    dx = dx.view(xn.shape)
+    dres = None if dres is None else dres.view(xn.shape)
+    # an op returns no None and no two outputs that share memory: one empty each
+    return tuple(xn.new_empty((0,)) if t is None else t for t in (dx, dres, dw, db))
+
+
+for _name, _fn in (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_triton)):
+    _LIB.impl(_name, _fn, "CUDA")
+
+
+# --- CPU: the C++ operator, or the same kernels from Python ------------------------------
+
+def _fwd_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+    y, h, stats = _cpu.forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                               h_dtype, True)
+    return y, h, stats, x.new_empty((x.shape[0], 0), dtype=torch.int64)
+
+
+def _norm_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+    y, h, _stats = _cpu.forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                                h_dtype, False)
+    return y, h
+
+
+def _bwd_cpu(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_gamma, x_dtype,
+             residual_dtype):
+    return _cpu.backward(dy, dh, xn, weight, bias, stats0, centred, zero_centered_gamma,
+                         x_dtype, residual_dtype)
+
+
+NATIVE = _native.load()
+"""Whether the ops' CPU kernels are the C++ operator's (else registered from Python)."""
+if not NATIVE:
+    for _name, _fn in (("fwd", _fwd_cpu), ("norm", _norm_cpu), ("bwd", _bwd_cpu)):
+        _LIB.impl(_name, _fn, "CPU")
+
 
 _TRITON_ON_CPU = False
 
@@ -41,98 +138,55 @@ def triton_on_cpu() -> Iterator[None]:
     """Run the ops' CPU tensors through the Triton kernels in Triton's interpreter.
 
     For tests: the CUDA code path (launchers, statistics layout) on a machine without a GPU.
-    Needs TRITON_INTERPRET=1 set before triton is first imported.
+    Needs TRITON_INTERPRET=1 set before triton is first imported. The Triton functions are
+    registered as the ops' CPU kernels for the duration, over the usual ones.
     """
     from ..gpu import kernels
 
     if not kernels.INTERPRET:
         raise RuntimeError("triton_on_cpu needs TRITON_INTERPRET=1 set before triton is imported")
     global _TRITON_ON_CPU
+    lib = torch.library.Library("layernorm", "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Oo]verrid")
+        for name, fn in (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_triton)):
+            lib.impl(name, fn, "CPU", allow_override=True)
     old, _TRITON_ON_CPU = _TRITON_ON_CPU, True
     try:
         yield
     finally:
         _TRITON_ON_CPU = old
+        lib._destroy()
 
 
-def _uses_triton(t: Tensor) -> bool:
-    return t.device.type != "cpu" or _TRITON_ON_CPU
+# --- shapes without data ------------------------------------------------------------------
+
+def _stats_fake(x: Tensor, residual: Tensor | None, h_dtype: torch.dtype | None,
+                ) -> tuple[Tensor, Tensor]:
+    m = x.numel() // x.shape[-1]
+    if x.device.type == "cpu" and not _TRITON_ON_CPU:
+        return (x.new_empty((m, _cpu.NSTATS), dtype=torch.float64),
+                x.new_empty((m, 0), dtype=torch.int64))
+    sdt = _cpu.compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
+    return x.new_empty((m,), dtype=sdt), x.new_empty((m,), dtype=sdt)
 
 
-@torch.library.custom_op("layernorm::fwd", mutates_args=())
-def fwd(
-    x: Tensor,
-    residual: Tensor | None,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    eps: float,
-    centred: bool,
-    zero_centered_gamma: bool,
-    h_dtype: torch.dtype | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """y (M, D) in x's dtype; h (M, D) in ``h_dtype`` for an add-norm, else an empty (0,);
-    and the two statistics tensors the backward reads (layout: see the module docstring)."""
-    h_dtype = x.dtype if h_dtype is None else h_dtype
-    if _uses_triton(x):
-        from ..gpu import kernels
-
-        y, h, mean, rstd = kernels.forward(
-            x, residual, weight, bias, eps, centred=centred,
-            zero_centered_gamma=zero_centered_gamma,
-            h_dtype=None if residual is None else h_dtype,
-        )
-        return y, x.new_empty((0,)) if h is None else h, mean, rstd
-    return _cpu.forward(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype)
+def _outputs_fake(x, residual, h_dtype):
+    h = x.new_empty((0,)) if residual is None else x.new_empty(x.shape, dtype=h_dtype or x.dtype)
+    return x.new_empty(x.shape), h
 
 
-@fwd.register_fake
+@torch.library.register_fake("layernorm::fwd")
 def _fwd_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
-    m, d = x.shape
-    y = x.new_empty((m, d))
-    h = x.new_empty((0,)) if residual is None else x.new_empty((m, d), dtype=h_dtype or x.dtype)
-    if _uses_triton(x):
-        sdt = _cpu.compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
-        return y, h, x.new_empty((m,), dtype=sdt), x.new_empty((m,), dtype=sdt)
-    s, c = _cpu.stats_shapes(m)
-    return y, h, x.new_empty(s, dtype=torch.float64), x.new_empty(c, dtype=torch.int64)
+    return (*_outputs_fake(x, residual, h_dtype), *_stats_fake(x, residual, h_dtype))
 
 
-@torch.library.custom_op("layernorm::bwd", mutates_args=())
-def bwd(
-    dy: Tensor,
-    dh: Tensor | None,
-    xn: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    stats0: Tensor,
-    stats1: Tensor,
-    centred: bool,
-    zero_centered_gamma: bool,
-    x_dtype: torch.dtype | None,
-    residual_dtype: torch.dtype | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dx (M, D) in ``x_dtype`` (xn's dtype when None); dresidual (M, D) in ``residual_dtype``
-    for an add-norm, else an empty (0,); dweight and dbias in their parameters' dtypes, or an
-    empty (0,) for an absent one (a custom op returns neither None nor aliases)."""
-    if _uses_triton(xn):
-        from ..gpu import kernels
-
-        if dy.stride(-1) != 1:
-            dy = dy.contiguous()
-        if dh is not None and dh.stride(-1) != 1:
-            dh = dh.contiguous()
-        dx, dres, dw, db = kernels.backward(
-            dy, dh, xn, weight, bias, stats0, stats1, centred=centred,
-            zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
-            residual_dtype=residual_dtype,
-        )
-        # a custom op returns no None and no two outputs that share memory: one empty each
-        return tuple(xn.new_empty((0,)) if t is None else t for t in (dx, dres, dw, db))
-    return _cpu.backward(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_gamma,
-                         x_dtype, residual_dtype)
+@torch.library.register_fake("layernorm::norm")
+def _norm_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+    return _outputs_fake(x, residual, h_dtype)
 
 
-@bwd.register_fake
+@torch.library.register_fake("layernorm::bwd")
 def _bwd_fake(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_gamma, x_dtype,
               residual_dtype):
     return (
@@ -167,8 +221,9 @@ def composite_backward(
         g = g * (weight.to(cdt) + 1 if zero_centered_gamma else weight.to(cdt))
     proj = xhat * (g * xhat).mean(-1, keepdim=True)
     dnorm = rstd * ((g - g.mean(-1, keepdim=True) if centred else g) - proj)
-    dw = None if weight is None else (dyc * xhat).sum(0).to(weight.dtype)
-    db = None if bias is None else dyc.sum(0).to(bias.dtype)
+    d = x.shape[-1]
+    dw = None if weight is None else (dyc * xhat).reshape(-1, d).sum(0).to(weight.dtype)
+    db = None if bias is None else dyc.reshape(-1, d).sum(0).to(bias.dtype)
     if residual_dtype is None:
         return dnorm.to(x_dtype), None, dw, db
     total = dnorm if dh is None else dnorm + dh.to(cdt)
@@ -206,4 +261,4 @@ def _backward(ctx: Any, dy: Tensor | None, dh: Tensor | None, _ds0: Any, _ds1: A
             None if bias is None else db, None, None, None, None)
 
 
-fwd.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("layernorm::fwd", _backward, setup_context=_setup_context)

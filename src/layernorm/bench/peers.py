@@ -1,0 +1,495 @@
+"""CPU versus peers: ``layernorm.torch`` against what a PyTorch user already has, in one run.
+
+    providers    ours (``layernorm.torch``, through its public functions and their checks),
+                 ``torch`` (eager: ``F.layer_norm``/``F.rms_norm``, after ``x + residual``
+                 for an add-norm), ``torch.compile`` (Inductor, static shapes, of the same
+                 eager function; compiled once per case, the compile time recorded apart)
+                 and ``onnxruntime`` (its fused CPU operators LayerNormalization,
+                 SimplifiedLayerNormalization, SkipLayerNormalization and
+                 SkipSimplifiedLayerNormalization, outputs preallocated through IOBinding)
+    modes        ``inference``: the forward under ``torch.inference_mode`` (every provider);
+                 ``training``: forward and backward with every gradient (x, residual, weight,
+                 bias) through autograd (the torch providers; onnxruntime has no backward)
+    measure      one case (norm, shape, dtype, mode, threads): each provider's outputs
+                 compared with ours (largest absolute difference), then interleaved rounds
+    run          the grid, saved as one JSON file per kind of run (``cpu-peers.json``)
+    table, plot  the table (ours over the best peer, and each peer) and a plot
+
+Every provider runs in the same grad mode on the same inputs. A peer without a kernel for a
+dtype here (onnxruntime's CPU operators take no bfloat16) is shown absent with the reason, not
+converted. Threads: ``torch.set_num_threads`` for the torch providers (ours follows it) and
+onnxruntime's ``intra_op_num_threads``.
+
+Timing: in each round every provider runs one batch of calls (about 20 ms, the count set from
+the fastest of three calls), in an order rotated from round to round, with a pause between
+batches so that one library's spinning threads go to sleep before the next runs. Per provider
+p50 (p20-p80) per call; the speed of ours against a peer is the peer's time over ours per
+round, p50 (p20-p80). A row is steady when ours and the best peer each have p80/p20 below
+:data:`STEADY`; only steady rows get a verdict against the goal (:data:`GOAL` times the best
+peer, judged with :func:`layernorm.bench.results.verdict`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._table import render
+from ..family import norm as family_norm
+from . import results
+from .machine import machine_info
+
+__all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "MODES", "PEERS", "SHAPES",
+           "STEADY", "Absent", "Case", "available_peers", "measure", "plot", "run", "table"]
+
+SHAPES: dict[str, tuple[int, ...]] = {
+    "decode": (1, 1, 4096),
+    "decode x8": (8, 1, 4096),
+    "short": (1, 32, 4096),
+    "BERT": (8, 128, 768),
+    "prefill": (1, 1024, 4096),
+    "training": (8, 512, 768),
+    "training large": (4, 1024, 4096),
+    "long rows": (1, 64, 65536),
+}
+MODES = ("inference", "training")
+PEERS = ("torch", "torch.compile", "onnxruntime")
+IMPLS = ("layernorm", *PEERS)
+DEFAULT_DTYPES = ("float32",)
+FULL_DTYPES = ("float32", "bfloat16")
+GOAL = 1.2  # ours at least this many times as fast as the best peer
+# goals near one call's fixed cost: the decode shapes, inference, against torch eager
+DECODE_GOALS = {"decode": 1 / 2.0, "decode x8": 1 / 1.5}
+STEADY = 1.25  # p80/p20 of a provider's per-call times below this: a steady measurement
+PAUSE_S = 0.005
+TARGET_S = 0.02  # a batch's length
+
+
+class Absent(Exception):
+    """A provider that cannot run a case here; the message says why, in a few words."""
+
+
+@dataclass(frozen=True)
+class Case:
+    norm: str
+    shape: str  # a key of SHAPES
+    dtype: str
+    mode: str
+    threads: int
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return SHAPES[self.shape]
+
+
+def _inputs(case: Case):
+    """The case's tensors, float32 drawn then rounded to the dtype: x, residual, weight, bias
+    (those the norm takes), dy and dh (the cotangents of training)."""
+    import torch
+
+    n = family_norm(case.norm)
+    g = torch.Generator().manual_seed(0)
+    dt = getattr(torch, case.dtype)
+    d = case.dims[-1]
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=g).to(dt)
+
+    t = {"x": draw(*case.dims), "weight": 1 + 0.1 * draw(d)}
+    if n.residual:
+        t["residual"] = draw(*case.dims)
+    if n.centred:
+        t["bias"] = 0.1 * draw(d)
+    t["dy"] = draw(*case.dims)
+    if n.residual:
+        t["dh"] = draw(*case.dims)
+    return t
+
+
+def _eager(norm: str, d: int, eps: float) -> Callable:
+    """PyTorch's own composition of the norm: returns (y,) or (y, h)."""
+    import torch.nn.functional as F
+
+    n = family_norm(norm)
+
+    def forward(x, residual, weight, bias):
+        h = x + residual if n.residual else x
+        y = (F.layer_norm(h, (d,), weight, bias, eps) if n.centred
+             else F.rms_norm(h, (d,), weight, eps))
+        return (y, h) if n.residual else (y,)
+
+    return forward
+
+
+def _ours(norm: str, d: int, eps: float) -> Callable:
+    import layernorm.torch as lt
+
+    n = family_norm(norm)
+    fn = getattr(lt, norm)
+
+    def forward(x, residual, weight, bias):
+        data = (x, residual) if n.residual else (x,)
+        params = (weight, bias) if n.centred else (weight,)
+        out = fn(*data, (d,), *params, eps)
+        return out if n.residual else (out,)
+
+    return forward
+
+
+def _torch_call(forward: Callable, case: Case, t: dict) -> tuple[Callable, Callable]:
+    """(call, results) of a torch-side ``forward`` in the case's mode: results are the outputs
+    (y, h) and in training the gradients of x, residual, weight, bias."""
+    import torch
+
+    names = [k for k in ("x", "residual", "weight", "bias") if k in t]
+    n = family_norm(case.norm)
+    if case.mode == "inference":
+        args = [t.get(k) for k in ("x", "residual", "weight", "bias")]
+
+        def call():
+            return forward(*args)
+
+        return call, call
+    leaves = {k: t[k].detach().clone().requires_grad_(True) for k in names}
+    args = [leaves.get(k) for k in ("x", "residual", "weight", "bias")]
+    cot = [t["dy"], t["dh"]] if n.residual else [t["dy"]]
+    inputs = [leaves[k] for k in names]
+
+    def call():
+        outs = forward(*args)
+        return (*outs, *torch.autograd.grad(outs, inputs, cot))
+
+    return call, call
+
+
+def _onnx_model(case: Case, eps: float):
+    import onnx
+    from onnx import TensorProto, helper
+
+    n = family_norm(case.norm)
+    dims = list(case.dims)
+    d = dims[-1]
+    elem = {"float32": TensorProto.FLOAT, "bfloat16": TensorProto.BFLOAT16}[case.dtype]
+    ins = [helper.make_tensor_value_info("x", elem, dims)]
+    if n.residual:
+        ins.append(helper.make_tensor_value_info("residual", elem, dims))
+    ins.append(helper.make_tensor_value_info("weight", elem, [d]))
+    if n.centred:
+        ins.append(helper.make_tensor_value_info("bias", elem, [d]))
+    outs = [helper.make_tensor_value_info("y", elem, dims)]
+    if n.residual:
+        outs.append(helper.make_tensor_value_info("h", elem, dims))
+        op = "SkipLayerNormalization" if n.centred else "SkipSimplifiedLayerNormalization"
+        node = helper.make_node(op, [i.name for i in ins], ["y", "", "", "h"],
+                                domain="com.microsoft", epsilon=eps)
+    else:
+        op = "LayerNormalization" if n.centred else "SimplifiedLayerNormalization"
+        node = helper.make_node(op, [i.name for i in ins], ["y"], axis=-1, epsilon=eps)
+    graph = helper.make_graph([node], case.norm, ins, outs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return onnx._serialize(model) if hasattr(onnx, "_serialize") else model.SerializeToString()
+
+
+def _onnxruntime(case: Case, t: dict, eps: float) -> tuple[Callable, Callable]:
+    if case.mode == "training":
+        raise Absent("no backward")
+    if case.dtype != "float32":
+        raise Absent(f"no {case.dtype} CPU kernel")
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise Absent("not installed (extra 'peers')") from exc
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = case.threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(_onnx_model(case, eps), opts, providers=["CPUExecutionProvider"])
+    binding = sess.io_binding()
+    for i in sess.get_inputs():
+        binding.bind_cpu_input(i.name, t[i.name].numpy())
+    outs = {o.name: np.empty(case.dims, np.float32) for o in sess.get_outputs()}
+    for name, a in outs.items():
+        binding.bind_output(name, "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+
+    def call():
+        sess.run_with_iobinding(binding)
+        return outs
+
+    def results():
+        call()
+        return tuple(outs[k] for k in ("y", "h") if k in outs)
+
+    return call, results
+
+
+def available_peers() -> dict[str, str | None]:
+    """Each peer, and why it cannot run here (None where it can)."""
+    found: dict[str, str | None] = {"torch": None, "torch.compile": None}
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        found["onnxruntime"] = f"{exc.name} is not installed (extra 'peers')"
+    else:
+        found["onnxruntime"] = None
+    return found
+
+
+def _setup(impl: str, case: Case, t: dict) -> tuple[Callable, Callable, float | None]:
+    """(call, results, compile seconds or None) of ``impl`` on the case, or raises Absent."""
+    eps = family_norm(case.norm).eps
+    d = case.dims[-1]
+    if impl == "layernorm":
+        return (*_torch_call(_ours(case.norm, d, eps), case, t), None)
+    if impl == "torch":
+        return (*_torch_call(_eager(case.norm, d, eps), case, t), None)
+    if impl == "torch.compile":
+        import torch
+
+        torch._dynamo.reset()  # each case compiles afresh: no recompile limit across cases
+        compiled = torch.compile(_eager(case.norm, d, eps), dynamic=False, fullgraph=True)
+        call, res = _torch_call(compiled, case, t)
+        t0 = time.perf_counter()
+        try:
+            with _grad_mode(case):
+                call()
+        except Exception as exc:  # noqa: BLE001 - a compiler failure is a fact of this machine
+            raise Absent(f"compile failed: {type(exc).__name__}") from exc
+        return call, res, time.perf_counter() - t0
+    return (*_onnxruntime(case, t, eps), None)
+
+
+def _grad_mode(case: Case):
+    import contextlib
+
+    import torch
+
+    return torch.inference_mode() if case.mode == "inference" else contextlib.nullcontext()
+
+
+def _numpy(o) -> np.ndarray:
+    import torch
+
+    if isinstance(o, torch.Tensor):
+        return o.detach().double().numpy()
+    return np.asarray(o, np.float64)
+
+
+def _max_diff(ours: tuple, theirs: tuple) -> float:
+    """The largest absolute difference over the outputs both return, in float64."""
+    worst = 0.0
+    for a, b in zip(ours, theirs, strict=False):
+        diff = np.abs(_numpy(a) - _numpy(b))
+        worst = max(worst, float(diff.max()) if diff.size else 0.0)
+    return worst
+
+
+def _batch(fn: Callable, reps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def measure(case: Case, rounds: int, impls: tuple[str, ...] = IMPLS) -> dict:
+    """One case: its row (see the module doc) with per provider p50/p20/p80 ms, the compile
+    time, the largest difference from ours, or why it is absent; and ours over each peer."""
+    import torch
+
+    torch.set_num_threads(case.threads)
+    t = _inputs(case)
+    calls: dict[str, Callable] = {}
+    row: dict = {"norm": case.norm, "shape": case.shape, "dims": list(case.dims),
+                 "dtype": case.dtype, "mode": case.mode, "threads": case.threads,
+                 "providers": {}}
+    with _grad_mode(case):
+        ours_out = None
+        for impl in impls:
+            entry: dict = {}
+            try:
+                call, res, compile_s = _setup(impl, case, t)
+                out = res()
+                if impl == "layernorm":
+                    ours_out = out
+                entry["max_diff"] = None if ours_out is None else _max_diff(ours_out, out)
+                entry["compile_s"] = compile_s
+                calls[impl] = call
+            except Absent as exc:
+                entry["absent"] = str(exc)
+            row["providers"][impl] = entry
+        reps = {}
+        for impl, fn in calls.items():
+            fn()
+            once = min(_batch(fn, 1) for _ in range(3))
+            reps[impl] = max(1, min(20_000, round(TARGET_S / max(once, 1e-7))))
+        times: dict[str, list[float]] = {k: [] for k in calls}
+        keys = list(calls)
+        for r in range(rounds):
+            for impl in keys[r % len(keys):] + keys[:r % len(keys)]:
+                time.sleep(PAUSE_S)
+                times[impl].append(_batch(calls[impl], reps[impl]))
+    for impl, ts in times.items():
+        p20, p50, p80 = np.percentile(ts, [20, 50, 80])
+        row["providers"][impl].update(p20_ms=p20 * 1e3, p50_ms=p50 * 1e3, p80_ms=p80 * 1e3,
+                                      reps=reps[impl])
+        if impl != "layernorm" and "layernorm" in times:
+            ratio = np.array(ts) / np.array(times["layernorm"])  # (rounds,)
+            row["providers"][impl]["speedup"] = [float(q) for q in
+                                                 np.percentile(ratio, [50, 20, 80])]
+    _judge(row)
+    return row
+
+
+def _steady(p: dict) -> bool:
+    return p["p80_ms"] / p["p20_ms"] < STEADY
+
+
+def judged_against(row: dict) -> tuple[tuple[str, ...], float]:
+    """The peers a row is judged against and the speed over them it must reach: at the decode
+    shapes in inference, where one call's fixed cost is the time, torch eager alone, at 1/2
+    (one row) and 1/1.5 (eight rows) of its speed; elsewhere every peer, at GOAL."""
+    if row["mode"] == "inference" and row["shape"] in DECODE_GOALS:
+        return ("torch",), DECODE_GOALS[row["shape"]]
+    return PEERS, GOAL
+
+
+def _judge(row: dict) -> None:
+    """Set ``best`` (the fastest of the peers the row is judged against), ``goal`` and
+    ``verdict``: against the goal where ours and that peer were steady, else why not."""
+    ours = row["providers"].get("layernorm", {})
+    names, goal = judged_against(row)
+    peers = {k: v for k, v in row["providers"].items() if k in names and "p50_ms" in v}
+    row["goal"] = goal
+    if "p50_ms" not in ours or not peers:
+        row["best"] = None
+        row["verdict"] = "no peer timed" if "p50_ms" in ours else "ours not timed"
+        return
+    best = min(peers, key=lambda k: peers[k]["p50_ms"])
+    row["best"] = best
+    if not (_steady(ours) and _steady(peers[best])):
+        row["verdict"] = "unsteady: no verdict"
+        return
+    _p50, lo, hi = peers[best]["speedup"]
+    row["verdict"] = results.verdict(lo, hi, goal)
+
+
+def run(cases: list[Case], rounds: int, progress: Callable[[str], None] | None = None,
+        impls: tuple[str, ...] = IMPLS) -> dict:
+    """Every case, in order; ``{"meta": ..., "rows": [...]}``."""
+    progress = progress or (lambda msg: None)
+    meta = {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "command": " ".join(["layernorm", *sys.argv[1:]]),
+        "machine": machine_info(),
+        "rounds": rounds,
+        "peers": available_peers(),
+        "loadavg": [os.getloadavg()[0]],
+    }
+    try:
+        import onnxruntime
+
+        meta["machine"]["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    rows = []
+    for c in cases:
+        progress(f"{c.norm} {c.shape} {c.dtype} {c.mode} {c.threads}t")
+        rows.append(measure(c, rounds, impls))
+    meta["loadavg"].append(os.getloadavg()[0])
+    return {"meta": meta, "rows": rows}
+
+
+def _cell(p: dict) -> str:
+    if "absent" in p:
+        return f"absent ({p['absent']})"
+    if "p50_ms" not in p:
+        return "-"
+    s = p.get("speedup")
+    text = f"{_ms(p['p50_ms'])}"
+    if s is not None:
+        text += f" ({s[0]:.2f}x: {s[1]:.2f}-{s[2]:.2f})"
+    return text
+
+
+def _ms(ms: float) -> str:
+    return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.2f} ms"
+
+
+def table(rows: list[dict], markdown: bool = True) -> str:
+    """One line per case: ours p50 (p20-p80), each peer's p50 with ours' speed over it
+    (p50: p20-p80 of per-round ratios), the largest difference of any peer's output from ours,
+    and the verdict against the goal."""
+    head = ["norm", "shape", "dtype", "mode", "thr", "ours p50 (p20-p80)",
+            *(f"{p} (ours' speed over it)" for p in PEERS), "max |diff|", "verdict"]
+    body = []
+    for r in rows:
+        ours = r["providers"].get("layernorm", {})
+        our_cell = (f"{_ms(ours['p50_ms'])} ({_ms(ours['p20_ms'])}-{_ms(ours['p80_ms'])})"
+                    if "p50_ms" in ours else _cell(ours))
+        diffs = [p["max_diff"] for k, p in r["providers"].items()
+                 if k != "layernorm" and p.get("max_diff") is not None]
+        body.append([r["norm"], f"{r['shape']} {'x'.join(map(str, r['dims']))}", r["dtype"],
+                     r["mode"], str(r["threads"]), our_cell,
+                     *(_cell(r["providers"].get(p, {})) for p in PEERS),
+                     f"{max(diffs):.1e}" if diffs else "-", r["verdict"]])
+    return render(head, body, markdown)
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Headlines: how many steady rows met the goal, and the weakest ratio over the best peer."""
+    judged = [r for r in rows if r.get("best")]
+    met = [r for r in judged if r["verdict"] == "met"]
+    missed = [r for r in judged if r["verdict"] == "missed"]
+    lines = [f"{len(met)} of {len(judged)} cases met their goal against the best peer, "
+             f"{len(missed)} missed, {len(judged) - len(met) - len(missed)} undecided "
+             f"(unsteady or within the guard band)"]
+    if judged:
+        worst = min(judged, key=lambda r: r["providers"][r["best"]]["speedup"][0])
+        s = worst["providers"][worst["best"]]["speedup"]
+        lines.append(f"weakest: {worst['norm']} {worst['shape']} {worst['dtype']} "
+                     f"{worst['mode']} {worst['threads']} thread(s): {s[0]:.2f}x "
+                     f"{worst['best']} ({s[1]:.2f}-{s[2]:.2f})")
+    return lines
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    """Ours' speed over the best peer per case (p20-p80 bars), one panel per mode and thread
+    count, the goal as a line. Raises ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["mode"], r["threads"]) for r in rows})
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), squeeze=False)
+    for ax, (mode, thr) in zip(axes[:, 0], panels, strict=True):
+        mine = [r for r in rows if r["mode"] == mode and r["threads"] == thr and r.get("best")]
+        labels = [f"{r['norm'].replace('_norm', '')}\n{r['shape']}\n{r['dtype']}" for r in mine]
+        s = np.array([r["providers"][r["best"]]["speedup"] for r in mine]).reshape(-1, 3)
+        xs = np.arange(len(mine))
+        ax.bar(xs, s[:, 0], color="tab:blue", alpha=0.7)
+        ax.errorbar(xs, s[:, 0], yerr=[s[:, 0] - s[:, 1], s[:, 2] - s[:, 0]], fmt="none",
+                    ecolor="black", capsize=2)
+        ax.axhline(GOAL, color="tab:red", linestyle="--", linewidth=1, label=f"goal {GOAL}x")
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_xticks(xs, labels, fontsize=6)
+        ax.set_ylabel("best peer's time / ours")
+        ax.set_title(f"{mode}, {thr} thread{'s' if thr > 1 else ''}", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+

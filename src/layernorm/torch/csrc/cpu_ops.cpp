@@ -1,0 +1,284 @@
+// The CPU kernels of the ops layernorm::fwd, layernorm::bwd and layernorm::norm.
+//
+// The arithmetic is the project's Numba kernels (layernorm/cpu/kernels.py) compiled as C
+// functions (layernorm/cpu/entry.py), the same machine code the NumPy API runs. This file
+// checks, allocates, and splits rows over torch's own threads with at::parallel_for: a call
+// costs about what one of torch's own operators does, follows torch.set_num_threads, runs
+// small work on the calling thread, and survives fork as torch's operators do. Python hands
+// over the address of each compiled kernel on the first call with its dtypes (_setup).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+namespace {
+
+using at::ScalarType;
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+// The C types of the entry points (every argument a pointer, an int64 or a double).
+using ForwardFn = void (*)(const void* x, const void* r, void* h, void* y, const void* a,
+                           const void* scale, const void* beta, double eps, int64_t flags,
+                           double* stats, uint64_t* check, int64_t m, int64_t d, int64_t dr,
+                           int64_t ms, int64_t mc, int64_t i0, int64_t i1);
+using BackwardFn = void (*)(const void* x, const void* dy, const void* dh, void* dx, void* dr,
+                            const void* a, const void* scale, const double* stats,
+                            const uint64_t* check, int64_t flags, double* partial, bool* ok,
+                            int64_t m, int64_t d, int64_t dhc, int64_t drc, int64_t mc,
+                            int64_t c, int64_t c0, int64_t c1);
+using ReduceFn = void (*)(const double* partial, double* out, int64_t c, int64_t d);
+using ResolveFn = int64_t (*)(const char* request);
+
+// Set once by _setup from layernorm.cpu (entry.SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
+// kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED).
+struct Config {
+  ResolveFn resolve = nullptr;
+  int64_t serial_elements = 1;
+  int64_t rows_per_chunk = 1;
+  int64_t max_chunks = 1;
+  int64_t nstats = 1;
+  int64_t centred = 1;
+};
+Config g_config;
+std::mutex g_mutex;
+std::unordered_map<int64_t, void*> g_kernels;  // by code(): found without forming the request
+
+void setup(int64_t resolve, int64_t serial_elements, int64_t rows_per_chunk,
+           int64_t max_chunks, int64_t nstats, int64_t centred) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_config = {reinterpret_cast<ResolveFn>(resolve), serial_elements, rows_per_chunk,
+              max_chunks, nstats, centred};
+  g_kernels.clear();
+}
+
+const char* name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return "float32";
+    case ScalarType::Double: return "float64";
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    default: TORCH_CHECK_TYPE(false, "layernorm: no CPU kernel for dtype ", t);
+  }
+}
+
+// A kernel's roles, in the order the request names them; kNone for an absent tensor.
+constexpr ScalarType kNone = ScalarType::Undefined;
+
+// One integer per (kind, dtype of each role): the cache's key.
+int64_t code(int64_t kind, std::initializer_list<ScalarType> dtypes) {
+  int64_t c = kind;
+  for (ScalarType t : dtypes) c = c * 64 + static_cast<int64_t>(t) + 1;
+  return c;
+}
+
+// The compiled kernel of `kind` ("forward", "backward" or "reduce") for the dtypes of its
+// roles. Python compiles it on first use; the lock is not held while Python runs (Python
+// holds the GIL and may be waiting for this lock on another thread).
+void* kernel(const char* kind, std::initializer_list<const char*> roles,
+             std::initializer_list<ScalarType> dtypes) {
+  const int64_t key = code(kind[0], dtypes);
+  ResolveFn resolve;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_kernels.find(key);
+    if (it != g_kernels.end()) return it->second;
+    resolve = g_config.resolve;
+  }
+  std::string request = kind;
+  auto role = roles.begin();
+  for (ScalarType t : dtypes) {
+    request += std::string(" ") + *role++ + "=" + (t == kNone ? "none" : name(t));
+  }
+  TORCH_CHECK(resolve != nullptr, "layernorm: the CPU operator was loaded without its kernels");
+  void* fn = reinterpret_cast<void*>(resolve(request.c_str()));
+  TORCH_CHECK(fn != nullptr, "layernorm: no CPU kernel could be compiled for '", request,
+              "' (the error is printed above)");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_kernels.emplace(key, fn);
+  return fn;
+}
+
+// Row chunks of the backward's dgamma/dbeta partials: layernorm.cpu.kernels.n_chunks.
+int64_t n_chunks(int64_t m) {
+  int64_t c = 1;
+  while (c * 2 <= g_config.max_chunks && c * 2 * g_config.rows_per_chunk <= m) c *= 2;
+  return c;
+}
+
+// Where the kernels compute: float64 for float64, else float32.
+ScalarType compute(ScalarType t) {
+  return t == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+}
+
+ScalarType widest(ScalarType a, ScalarType b, ScalarType c) {
+  return compute(a) == ScalarType::Double || compute(b) == ScalarType::Double ||
+                 compute(c) == ScalarType::Double
+             ? ScalarType::Double
+             : ScalarType::Float;
+}
+
+// (D,) a parameter in the compute dtype, read only: the parameter itself where it already is
+// one, else a new tensor (plus one for a zero-centred scale; `fill` where it is absent).
+Tensor as_compute(const OptTensor& p, int64_t d, ScalarType cdt, double fill, bool plus_one) {
+  if (!p.has_value()) return at::full({d}, fill, at::dtype(cdt));
+  if (p->scalar_type() == cdt && !plus_one && p->is_contiguous()) return *p;
+  Tensor s = p->to(cdt, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  return plus_one ? s.add_(1) : s;
+}
+
+Tensor in_dtype(const Tensor& t, ScalarType cdt) {
+  return compute(t.scalar_type()) == cdt ? t.contiguous() : t.to(cdt).contiguous();
+}
+
+// Rows per task: a task smaller than this is not worth waking a thread for.
+int64_t grain(int64_t d) {
+  return std::max<int64_t>(1, (g_config.serial_elements + d - 1) / std::max<int64_t>(d, 1));
+}
+
+// x (..., D), normalized over its last axis as M = numel / D rows: y and h of x's shape (h
+// an empty (0,) without residual) and stats ((M, NSTATS) float64, or (0, NSTATS) when the
+// caller keeps none).
+std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& residual,
+                                           const OptTensor& weight, const OptTensor& bias,
+                                           double eps, bool centred, bool zero_centered_gamma,
+                                           std::optional<ScalarType> h_dtype, bool keep) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) >= 1, "layernorm: x must be (..., D) with D >= 1, got ",
+              x.sizes());
+  const int64_t d = x.size(-1), m = x.numel() / d;
+  const bool add = residual.has_value();
+  const ScalarType xdt = x.scalar_type(), hdt = h_dtype.value_or(xdt);
+  const ScalarType cdt = compute(add ? hdt : xdt);
+  const Tensor xc = x.contiguous();
+  Tensor y = at::empty(x.sizes(), x.options());
+  Tensor rc, h;
+  ScalarType adt = cdt;
+  if (add) {
+    rc = residual->contiguous();
+    h = at::empty(x.sizes(), x.options().dtype(hdt));
+    adt = widest(xdt, rc.scalar_type(), hdt);
+  } else {
+    h = at::empty({0}, x.options());
+  }
+  const Tensor scale = as_compute(weight, d, cdt, 1.0, zero_centered_gamma);
+  const Tensor shift = as_compute(bias, d, cdt, 0.0, false);
+  Tensor stats = at::empty({keep ? m : 0, g_config.nstats}, x.options().dtype(at::kDouble));
+  auto fn = reinterpret_cast<ForwardFn>(
+      kernel("forward", {"x", "r", "h", "t", "a"},
+             {xdt, add ? rc.scalar_type() : kNone, add ? hdt : kNone, cdt, adt}));
+  if (m == 0) return {y, h, stats};
+  const void* xp = xc.const_data_ptr();
+  const void* rp = add ? rc.const_data_ptr() : nullptr;
+  void* hp = add ? h.mutable_data_ptr() : nullptr;
+  void* yp = y.mutable_data_ptr();
+  const void* sp = scale.const_data_ptr();
+  const void* bp = shift.const_data_ptr();
+  double* stp = keep ? stats.mutable_data_ptr<double>() : nullptr;
+  const int64_t flags = centred ? g_config.centred : 0;
+  at::parallel_for(0, m, grain(d), [&](int64_t i0, int64_t i1) {
+    fn(xp, rp, hp, yp, nullptr, sp, bp, eps, flags, stp, nullptr, m, d, add ? d : 0,
+       keep ? m : 0, 0, i0, i1);
+  });
+  return {y, h, stats};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_cpu(
+    const Tensor& x, const OptTensor& residual, const OptTensor& weight,
+    const OptTensor& bias, double eps, bool centred, bool zero_centered_gamma,
+    std::optional<ScalarType> h_dtype) {
+  auto [y, h, stats] = forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                               h_dtype, true);
+  // the second statistics tensor is the CUDA layout's; on the CPU it is (M, 0)
+  return {y, h, stats, at::empty({stats.size(0), 0}, x.options().dtype(at::kLong))};
+}
+
+std::tuple<Tensor, Tensor> norm_cpu(const Tensor& x, const OptTensor& residual,
+                                    const OptTensor& weight, const OptTensor& bias, double eps,
+                                    bool centred, bool zero_centered_gamma,
+                                    std::optional<ScalarType> h_dtype) {
+  auto [y, h, stats] = forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                               h_dtype, false);
+  return {y, h};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
+    const Tensor& dy, const OptTensor& dh, const Tensor& xn, const OptTensor& weight,
+    const OptTensor& bias, const Tensor& stats0, const Tensor& stats1, bool centred,
+    bool zero_centered_gamma, std::optional<ScalarType> x_dtype,
+    std::optional<ScalarType> residual_dtype) {
+  TORCH_CHECK(xn.dim() >= 1 && xn.size(-1) >= 1, "layernorm: xn must be (..., D) with D >= 1, got ",
+              xn.sizes());
+  const int64_t d = xn.size(-1), m = xn.numel() / d;
+  const ScalarType ndt = xn.scalar_type(), cdt = compute(ndt);
+  const ScalarType dxdt = x_dtype.value_or(ndt);
+  const bool add = residual_dtype.has_value();
+  const Tensor xc = xn.contiguous();
+  const Tensor stats = stats0.contiguous();
+  const Tensor scale = as_compute(weight, d, cdt, 1.0, zero_centered_gamma);
+  const Tensor dyc = in_dtype(dy, cdt);
+  Tensor dx = at::empty(xn.sizes(), xn.options().dtype(dxdt));
+  Tensor dres = at::empty({0}, xn.options());
+  Tensor dhc;
+  ScalarType adt = cdt;
+  if (add) {
+    adt = widest(dxdt, *residual_dtype, cdt);
+    dres = at::empty(xn.sizes(), xn.options().dtype(*residual_dtype));
+    if (dh.has_value()) dhc = in_dtype(*dh, adt);
+  }
+  const bool with_dh = add && dhc.defined();
+  const int64_t c = n_chunks(m);
+  Tensor partial = at::empty({c, 2, d}, xn.options().dtype(at::kDouble));
+  auto fn = reinterpret_cast<BackwardFn>(
+      kernel("backward", {"x", "dy", "dh", "dx", "dr", "t", "a"},
+             {ndt, dyc.scalar_type(), with_dh ? dhc.scalar_type() : kNone, dxdt,
+              add ? *residual_dtype : kNone, cdt, adt}));
+  auto reduce = reinterpret_cast<ReduceFn>(kernel("reduce", {}, {}));
+  Tensor sums = at::zeros({2, d}, xn.options().dtype(at::kDouble));
+  if (m > 0) {
+    const void* xp = xc.const_data_ptr();
+    const void* dyp = dyc.const_data_ptr();
+    const void* dhp = with_dh ? dhc.const_data_ptr() : nullptr;
+    void* dxp = dx.mutable_data_ptr();
+    void* drp = add ? dres.mutable_data_ptr() : nullptr;
+    const void* sp = scale.const_data_ptr();
+    const double* stp = stats.const_data_ptr<double>();
+    double* pp = partial.mutable_data_ptr<double>();
+    const int64_t flags = centred ? g_config.centred : 0;
+    // one chunk a task; all on the calling thread when the call is small
+    const int64_t chunk_grain = m * d < g_config.serial_elements ? c : 1;
+    at::parallel_for(0, c, chunk_grain, [&](int64_t c0, int64_t c1) {
+      fn(xp, dyp, dhp, dxp, drp, nullptr, sp, stp, nullptr, flags, pp, nullptr, m, d,
+         with_dh ? d : 0, add ? d : 0, 0, c, c0, c1);
+    });
+    reduce(pp, sums.mutable_data_ptr<double>(), c, d);
+  }
+  // copies: a custom op's outputs never share memory
+  Tensor dw = weight.has_value() ? sums[0].to(weight->scalar_type(), false, true)
+                                 : at::empty({0}, xn.options());
+  Tensor db = bias.has_value() ? sums[1].to(bias->scalar_type(), false, true)
+                               : at::empty({0}, xn.options());
+  return {dx, dres, dw, db};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(layernorm_cpu, m) {
+  m.def("_setup(int resolve, int serial_elements, int rows_per_chunk, int max_chunks, "
+        "int nstats, int centred) -> ()",
+        setup);
+  m.def("_n_chunks(int m) -> int", n_chunks);
+}
+
+TORCH_LIBRARY_IMPL(layernorm, CPU, m) {
+  m.impl("fwd", fwd_cpu);
+  m.impl("bwd", bwd_cpu);
+  m.impl("norm", norm_cpu);
+}

@@ -1,0 +1,251 @@
+"""The CPU operator of layernorm.torch and the threads of both APIs: the C++ operator against
+its Python twin, the fallback where it cannot be built, thread counts, fork and concurrent
+callers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("numba")
+
+import layernorm.cpu as lnc  # noqa: E402
+import layernorm.torch as lt  # noqa: E402
+from layernorm.cpu import kernels  # noqa: E402
+from layernorm.family import NORMS  # noqa: E402
+from layernorm.torch import _ops  # noqa: E402
+
+needs_native = pytest.mark.skipif(not _ops.NATIVE, reason="the C++ operator is not built here")
+
+# Every norm forward and backward in float32 and bfloat16 (with a float32 residual stream):
+# the script prints the results' bytes as hex so that two processes can compare bits.
+_RESULTS = textwrap.dedent("""
+    import hashlib, torch, layernorm.torch as lt
+    from layernorm.torch import _ops
+    out = []
+    for dt in (torch.float32, torch.bfloat16):
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(70, 3, 96, generator=g).to(dt).requires_grad_()
+        r = torch.randn(70, 3, 96, generator=g).to(dt).requires_grad_()
+        w = torch.randn(96, generator=g).requires_grad_()
+        b = torch.randn(96, generator=g).requires_grad_()
+        outs = [lt.layer_norm(x, 96, w, b), lt.rms_norm(x, 96, w),
+                *lt.add_layer_norm(x, r, 96, w, b, residual_dtype=torch.float32),
+                *lt.add_rms_norm(x, r, 96, w)]
+        loss = sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs))
+        grads = torch.autograd.grad(loss, (x, r, w, b))
+        with torch.inference_mode():
+            outs += [lt.layer_norm(x, 96, w, b), lt.add_rms_norm(x, r, 96, w)[0]]
+        for t in (*outs, *grads):
+            out.append(hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8)
+                                      .numpy().tobytes()).hexdigest())
+    print(_ops.NATIVE, " ".join(out))
+""")
+
+
+def _run(script: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", script], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=600)
+
+
+@needs_native
+def test_the_python_path_gives_the_cpp_operators_bits():
+    """Protects the fallback's equivalence: with the C++ operator turned off
+    (LAYERNORM_NO_CPP=1) the ops' CPU kernels are registered from Python, and every result of
+    the family, forward, backward and inference, has the same bits as through the C++
+    operator (the same compiled kernels, rows split differently over threads)."""
+    native = _run(_RESULTS)
+    python = _run(_RESULTS, LAYERNORM_NO_CPP="1")
+    assert native.returncode == 0 and python.returncode == 0, native.stderr + python.stderr
+    flag_n, *bits_n = native.stdout.split()
+    flag_p, *bits_p = python.stdout.split()
+    assert (flag_n, flag_p) == ("True", "False")
+    assert len(bits_n) == 2 * 12 and bits_n == bits_p
+
+
+def test_a_failed_build_says_so_in_one_line_and_falls_back(tmp_path):
+    """Protects the fallback: where the C++ operator cannot be built (here: no compiler),
+    importing layernorm.torch warns in one line naming the problem, and the ops still run,
+    with the same results."""
+    script = textwrap.dedent("""
+        import warnings, torch
+        warnings.simplefilter("always")
+        import layernorm.torch as lt
+        from layernorm.torch import _ops
+        x = torch.randn(4, 32)
+        want = torch.nn.functional.layer_norm(x, (32,))
+        print(_ops.NATIVE, float((lt.layer_norm(x, 32) - want).abs().max()))
+    """)
+    done = _run(script, TORCH_EXTENSIONS_DIR=str(tmp_path), CXX="/nonexistent/c++")
+    assert done.returncode == 0, done.stderr
+    flag, err = done.stdout.split()
+    assert flag == "False" and float(err) < 1e-5
+    lines = [ln for ln in done.stderr.splitlines() if "could not be built" in ln]
+    assert len(lines) == 1 and "layernorm.torch: the C++ CPU operator" in lines[0]
+
+
+@needs_native
+def test_the_operators_chunks_are_the_kernels():
+    """Protects the one rule of the backward's row chunks: the C++ operator's count equals
+    layernorm.cpu.kernels.n_chunks for every M (the dgamma/dbeta bits depend on it)."""
+    for m in [*range(0, 1100), 4096, 65536, 10**6]:
+        assert torch.ops.layernorm_cpu._n_chunks(m) == kernels.n_chunks(m), m
+
+
+def test_inference_keeps_no_statistics():
+    """Protects the inference path: under inference_mode, no_grad, or with no input needing
+    a gradient, the functions run the op that computes and returns no statistics, and give
+    the training forward's y and h bits."""
+    x, r = torch.randn(6, 64), torch.randn(6, 64)
+    w = torch.randn(64, requires_grad=True)
+    y_train, h_train = lt.add_layer_norm(x, r, 64, w)
+    for ctx in (torch.inference_mode(), torch.no_grad()):
+        with ctx, torch.profiler.profile() as prof:
+            y, h = lt.add_layer_norm(x, r, 64, w)
+        names = [e.name for e in prof.events()]
+        assert "layernorm::norm" in names and "layernorm::fwd" not in names
+        assert torch.equal(y, y_train.detach()) and torch.equal(h, h_train.detach())
+    with torch.profiler.profile() as prof:
+        lt.layer_norm(x, 64, w.detach())  # nothing requires grad
+    names = [e.name for e in prof.events()]
+    assert "layernorm::norm" in names and "layernorm::fwd" not in names
+    assert len(torch.ops.layernorm.norm.default._schema.returns) == 2  # y and h only
+
+
+def test_a_changed_input_is_refused_by_the_version_counter():
+    """Protects the backward against a changed x: the torch path keeps no checksum, and
+    autograd's version counter refuses the backward of an input changed in place."""
+    x = torch.randn(4, 16, requires_grad=True)
+    xx = x * 1
+    y = lt.rms_norm(xx, 16)
+    with torch.no_grad():
+        xx.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+# --- threads ---------------------------------------------------------------------------------
+
+_OS_THREADS = textwrap.dedent("""
+    import os, sys, threading, numpy as np, torch, numba
+    n = int(sys.argv[1])
+    torch.set_num_threads(n)
+    numba.set_num_threads(n)
+    import layernorm.torch as lt, layernorm.cpu as lnc
+    before = len(os.listdir("/proc/self/task"))
+    x = torch.randn(4096, 1024, requires_grad=True)
+    lt.layer_norm(x, 1024).sum().backward()
+    y, c = lnc.layer_norm_forward(x.detach().numpy())
+    lnc.layer_norm_backward(y, c)
+    pool = [t.name for t in threading.enumerate() if t.name.startswith("layernorm")]
+    print(len(os.listdir("/proc/self/task")) - before, len(pool))
+""")
+
+
+def test_one_thread_means_one_thread():
+    """Protects the thread counts: with torch.set_num_threads(1) and numba.set_num_threads(1)
+    a large forward and backward through both APIs start no thread at all (torch's pool and
+    this package's stay unwoken); with 2 each uses a second thread where the machine has one."""
+    one = subprocess.run([sys.executable, "-c", _OS_THREADS, "1"], capture_output=True,
+                         text=True, timeout=600)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.split() == ["0", "0"]
+    if (os.cpu_count() or 1) >= 2:
+        two = subprocess.run([sys.executable, "-c", _OS_THREADS, "2"], capture_output=True,
+                             text=True, timeout=600)
+        assert two.returncode == 0, two.stderr
+        new, pool = map(int, two.stdout.split())
+        assert new >= 1 and pool == 1
+
+
+_FORK = textwrap.dedent("""
+    import numpy as np, torch, layernorm.torch as lt, layernorm.cpu as lnc
+    torch.set_num_threads(2)
+    x = torch.randn(2048, 512)
+    lt.layer_norm(x, 512)                      # the parent's pools have run
+    lnc.layer_norm_forward(x.numpy())
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+        def __getitem__(self, i):
+            t = torch.randn(64, 512, generator=torch.Generator().manual_seed(i))
+            y, _ = lnc.layer_norm_forward(t.numpy())
+            return lt.layer_norm(t, 512) - torch.from_numpy(y)
+
+    loader = torch.utils.data.DataLoader(Rows(), batch_size=2, num_workers=2)
+    worst = max(float(b.abs().max()) for b in loader)
+    print(worst)
+""")
+
+
+def test_dataloader_workers_forked_after_a_kernel_ran():
+    """Protects fork safety: after the parent ran kernels through both APIs, DataLoader
+    workers (fork, Linux's default) run both APIs' kernels and return the right rows,
+    instead of dying on a threading layer that cannot be forked."""
+    if sys.platform != "linux":
+        pytest.skip("fork is the start method on Linux")
+    done = subprocess.run([sys.executable, "-c", _FORK], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) < 1e-5
+    assert "fork() called" not in done.stderr
+
+
+@pytest.mark.parametrize("api", ["numpy", "torch"])
+def test_two_python_threads_call_at_once(api):
+    """Protects concurrent callers: two Python threads calling the kernels at once, each on
+    its own data, get the results one thread alone gets, bit for bit."""
+    g = np.random.default_rng(4)
+    xs = [g.standard_normal((512, 768)).astype(np.float32) for _ in range(2)]
+
+    def call(x):
+        if api == "numpy":
+            y, c = lnc.rms_norm_forward(x)
+            return [y, lnc.rms_norm_backward(y, c)[0]]
+        t = torch.from_numpy(x).requires_grad_()
+        y = lt.rms_norm(t, 768)
+        (dx,) = torch.autograd.grad(y, t, y)
+        return [y.detach().numpy(), dx.numpy()]
+
+    want = [call(x) for x in xs]
+    got: list = [None, None]
+    errors: list = []
+
+    def worker(i):
+        try:
+            for _ in range(20):
+                got[i] = call(xs[i])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    for i in range(2):
+        for a, b in zip(got[i], want[i], strict=True):
+            assert np.array_equal(a, b)
+
+
+def test_every_norm_dtype_pair_is_served():
+    """Protects the kernel names: each forward and backward the C++ operator asks for with
+    half dtypes and mixed residual dtypes is one the NumPy API compiles too (one key rule)."""
+    x = torch.randn(5, 32, dtype=torch.float16, requires_grad=True)
+    r = torch.randn(5, 32, dtype=torch.bfloat16, requires_grad=True)
+    for name, n in NORMS.items():
+        fn = getattr(lt, name)
+        out = fn(x, r, 32, residual_dtype=torch.float32) if n.residual else fn(x, 32)
+        outs = out if isinstance(out, tuple) else (out,)
+        grads = torch.autograd.grad(sum(o.float().sum() for o in outs),
+                                    (x, r) if n.residual else (x,))
+        assert all(torch.isfinite(gr).all() for gr in grads)
