@@ -7,6 +7,9 @@ cache (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``); late
 it in well under a second. The arithmetic stays in the Numba kernels: the operator calls the
 compiled kernels of :mod:`layernorm.cpu.entry` by address.
 
+Large outputs (1 MiB and more) come from a pool of blocks whose tensors were freed, so that a
+call does not pay the first touch of fresh pages (:func:`pool_bytes` caps it).
+
 Where it cannot be built (no compiler, no ninja, or ``LAYERNORM_NO_CPP=1``), :func:`load`
 says so in one warning and returns None, and the CPU kernels are registered from Python
 instead (:mod:`._cpu`): the same arithmetic, with more time per call.
@@ -14,9 +17,11 @@ instead (:mod:`._cpu`): the same arithmetic, with more time per call.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -27,6 +32,9 @@ from ..cpu import entry, kernels
 __all__ = ["load"]
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
+# -fopenmp: at::parallel_for is inlined from torch's headers as an OpenMP region, which without
+# it compiles to a serial loop. No -lgomp: the region runs on the OpenMP runtime torch loaded.
+FLAGS = ("-O2", "-fopenmp")
 
 # kept alive for the life of the process: the C++ operator calls it
 _RESOLVE = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_char_p)
@@ -47,7 +55,8 @@ _callback = _RESOLVE(_resolve)
 def _name() -> str:
     """The extension's name: changes with its source and with torch's version, so that an
     edited source or another torch never loads a stale build."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join([*FLAGS, torch.__version__]).encode()
+                            ).hexdigest()
     return f"layernorm_cpu_{digest[:12]}"
 
 
@@ -56,10 +65,15 @@ def load() -> bool:
     True on success. On failure, one warning says why and False is returned."""
     if os.environ.get("LAYERNORM_NO_CPP") == "1":
         return False
+    if shutil.which("ninja") is None:  # the ninja wheel's binary, where the venv is not on PATH
+        with contextlib.suppress(ImportError):
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     try:
         from torch.utils import cpp_extension
 
-        cpp_extension.load(name=_name(), sources=[str(SOURCE)], extra_cflags=["-O2"],
+        cpp_extension.load(name=_name(), sources=[str(SOURCE)], extra_cflags=list(FLAGS),
                            is_python_module=False, verbose=False)
     except Exception as exc:  # noqa: BLE001 - any failure to build means: fall back
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -69,5 +83,23 @@ def load() -> bool:
         return False
     address = ctypes.cast(_callback, ctypes.c_void_p).value
     torch.ops.layernorm_cpu._setup(address, entry.SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
-                                   kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED)
+                                   kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED,
+                                   pool_bytes())
     return True
+
+
+def pool_bytes() -> int:
+    """The most bytes of freed outputs the operator keeps for reuse: ``LAYERNORM_POOL_MB``
+    (0 turns the pool off), else an eighth of the machine's memory, at most 1 GiB."""
+    value = os.environ.get("LAYERNORM_POOL_MB")
+    if value is not None:
+        try:
+            return max(0, int(value)) << 20
+        except ValueError:
+            warnings.warn(f"LAYERNORM_POOL_MB must be a whole number of MiB, got {value!r}: "
+                          f"the default is used", RuntimeWarning, stacklevel=3)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 8 << 30
+    return min(1 << 30, memory // 8)

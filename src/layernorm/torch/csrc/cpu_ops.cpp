@@ -11,8 +11,11 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -38,8 +41,8 @@ using BackwardFn = void (*)(const void* x, const void* dy, const void* dh, void*
 using ReduceFn = void (*)(const double* partial, double* out, int64_t c, int64_t d);
 using ResolveFn = int64_t (*)(const char* request);
 
-// Set once by _setup from layernorm.cpu (entry.SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
-// kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED).
+// Set by _setup from layernorm.cpu (entry.SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
+// kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED); the pool's cap below.
 struct Config {
   ResolveFn resolve = nullptr;
   int64_t serial_elements = 1;
@@ -52,13 +55,7 @@ Config g_config;
 std::mutex g_mutex;
 std::unordered_map<int64_t, void*> g_kernels;  // by code(): found without forming the request
 
-void setup(int64_t resolve, int64_t serial_elements, int64_t rows_per_chunk,
-           int64_t max_chunks, int64_t nstats, int64_t centred) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  g_config = {reinterpret_cast<ResolveFn>(resolve), serial_elements, rows_per_chunk,
-              max_chunks, nstats, centred};
-  g_kernels.clear();
-}
+
 
 const char* name(ScalarType t) {
   switch (t) {
@@ -139,6 +136,83 @@ Tensor in_dtype(const Tensor& t, ScalarType cdt) {
   return compute(t.scalar_type()) == cdt ? t.contiguous() : t.to(cdt).contiguous();
 }
 
+// --- outputs -----------------------------------------------------------------------------
+// A fresh large output costs its first touch: the kernel faults in and zeroes every page
+// (64 MB of float32 took 18 ms to fill where a copy into touched memory took 1.7 ms). So
+// large outputs come from a pool of blocks that earlier outputs' owners have freed: a block
+// returns to the pool only when the last tensor on it is gone, and the pool keeps at most
+// g_pool_cap bytes (the rest is freed at once). New blocks are 2 MiB aligned and advised to
+// use huge pages, so even their first touch faults 512 times less often.
+
+constexpr size_t kPoolMin = size_t(1) << 20;  // smaller outputs: torch's allocator
+constexpr size_t kHuge = size_t(2) << 20;
+std::mutex g_pool_mutex;
+std::unordered_multimap<size_t, void*> g_pool;  // free blocks by size
+size_t g_pool_bytes = 0;
+size_t g_pool_cap = 0;  // set by _setup
+
+void give_back(void* p, size_t n) {
+  {
+    std::lock_guard<std::mutex> lock(g_pool_mutex);
+    if (g_pool_bytes + n <= g_pool_cap) {
+      g_pool.emplace(n, p);
+      g_pool_bytes += n;
+      return;
+    }
+  }
+  std::free(p);
+}
+
+void* take(size_t n) {
+  {
+    std::lock_guard<std::mutex> lock(g_pool_mutex);
+    auto it = g_pool.find(n);
+    if (it != g_pool.end()) {
+      void* p = it->second;
+      g_pool.erase(it);
+      g_pool_bytes -= n;
+      return p;
+    }
+  }
+  void* p = std::aligned_alloc(kHuge, n);
+  TORCH_CHECK(p != nullptr, "layernorm: out of memory allocating ", n, " bytes");
+  madvise(p, n, MADV_HUGEPAGE);  // a hint: ignored where huge pages are off
+  return p;
+}
+
+// An output of `sizes`: from the pool when large, else torch's allocator.
+Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  const size_t nbytes = c10::multiply_integers(sizes) * c10::elementSize(
+      c10::typeMetaToScalarType(options.dtype()));
+  if (nbytes < kPoolMin || g_pool_cap == 0) return at::empty(sizes, options);
+  const size_t n = (nbytes + kHuge - 1) / kHuge * kHuge;
+  return at::from_blob(take(n), sizes, [n](void* p) { give_back(p, n); }, options);
+}
+
+void setup(int64_t resolve, int64_t serial_elements, int64_t rows_per_chunk,
+           int64_t max_chunks, int64_t nstats, int64_t centred, int64_t pool_bytes) {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_config = {reinterpret_cast<ResolveFn>(resolve), serial_elements, rows_per_chunk,
+                max_chunks, nstats, centred};
+    g_kernels.clear();
+  }
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  g_pool_cap = static_cast<size_t>(std::max<int64_t>(pool_bytes, 0));
+  while (g_pool_bytes > g_pool_cap) {  // a smaller cap frees what no longer fits
+    auto it = g_pool.begin();
+    g_pool_bytes -= it->first;
+    std::free(it->second);
+    g_pool.erase(it);
+  }
+}
+
+// Bytes the output pool holds now.
+int64_t pool_bytes() {
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  return static_cast<int64_t>(g_pool_bytes);
+}
+
 // Rows per task: a task smaller than this is not worth waking a thread for.
 int64_t grain(int64_t d) {
   return std::max<int64_t>(1, (g_config.serial_elements + d - 1) / std::max<int64_t>(d, 1));
@@ -158,12 +232,12 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
   const ScalarType xdt = x.scalar_type(), hdt = h_dtype.value_or(xdt);
   const ScalarType cdt = compute(add ? hdt : xdt);
   const Tensor xc = x.contiguous();
-  Tensor y = at::empty(x.sizes(), x.options());
+  Tensor y = output(x.sizes(), x.options());
   Tensor rc, h;
   ScalarType adt = cdt;
   if (add) {
     rc = residual->contiguous();
-    h = at::empty(x.sizes(), x.options().dtype(hdt));
+    h = output(x.sizes(), x.options().dtype(hdt));
     adt = widest(xdt, rc.scalar_type(), hdt);
   } else {
     h = at::empty({0}, x.options());
@@ -224,13 +298,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
   const Tensor stats = stats0.contiguous();
   const Tensor scale = as_compute(weight, d, cdt, 1.0, zero_centered_gamma);
   const Tensor dyc = in_dtype(dy, cdt);
-  Tensor dx = at::empty(xn.sizes(), xn.options().dtype(dxdt));
+  Tensor dx = output(xn.sizes(), xn.options().dtype(dxdt));
   Tensor dres = at::empty({0}, xn.options());
   Tensor dhc;
   ScalarType adt = cdt;
   if (add) {
     adt = widest(dxdt, *residual_dtype, cdt);
-    dres = at::empty(xn.sizes(), xn.options().dtype(*residual_dtype));
+    dres = output(xn.sizes(), xn.options().dtype(*residual_dtype));
     if (dh.has_value()) dhc = in_dtype(*dh, adt);
   }
   const bool with_dh = add && dhc.defined();
@@ -272,8 +346,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
 
 TORCH_LIBRARY_FRAGMENT(layernorm_cpu, m) {
   m.def("_setup(int resolve, int serial_elements, int rows_per_chunk, int max_chunks, "
-        "int nstats, int centred) -> ()",
+        "int nstats, int centred, int pool_bytes) -> ()",
         setup);
+  m.def("_pool_bytes() -> int", pool_bytes);
   m.def("_n_chunks(int m) -> int", n_chunks);
 }
 
