@@ -33,17 +33,18 @@ benchmark instead (:mod:`layernorm.bench.gpu`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from ..bench import gpu, providers, results
+from ..bench import gpu, peers, providers, results
 from ..bench.harness import STANDARD_SHAPES, Case, first_call_latency, run_bench, set_threads
 from ..dtypes import NAMES
 from . import count, shape, usage_error, writable
 from .report import Section, folded
 
 __all__ = ["OURS", "REPORT_SHAPES", "add_arguments", "gpu_report_section", "parse_shape",
-           "report_section", "run", "run_cuda"]
+           "peers_report_section", "report_section", "run", "run_cuda", "run_peers"]
 
 OURS = ("numpy", "fused", "layernorm.torch")  # this package's: a failed check fails the command
 # The report's short set, one shape per judged regime of a 32 MiB last-level cache in float32:
@@ -105,6 +106,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "cpu-<host>-<time>.json)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu (layernorm.bench.harness) or cuda (layernorm.bench.gpu)")
+    parser.add_argument("--peers", action="store_true",
+                        help="CPU versus peers: layernorm.torch against torch eager, "
+                             "torch.compile and onnxruntime, inference and training, the "
+                             "named shapes (layernorm.bench.peers); 2 threads, float32 unless "
+                             "--full, --threads or --dtype say otherwise")
+    parser.add_argument("--full", action="store_true",
+                        help="with --peers: float32 and bfloat16, 1 thread and every core")
     parser.add_argument("--resume", action="store_true",
                         help="with --device cuda and an --out .json file: keep the rows it "
                              "has measured and measure only the rest (a run cut short goes "
@@ -131,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
             return usage_error(PROG, f"argument --out: {problem}")
     if args.device == "cuda":
         return run_cuda(args)
+    if args.full and not args.peers:
+        return usage_error(PROG, "argument --full: only with --peers")
+    if args.peers:
+        return run_peers(args)
     if args.threads is not None:
         try:
             set_threads(args.threads)
@@ -175,6 +187,108 @@ def run(args: argparse.Namespace) -> int:
     # the check column, not a failure of this package.
     failed = [r for r in rows if r["impl"] in OURS and r["check"] > 1]
     return 1 if failed else 0
+
+
+def peer_cases(norms: list[str], dtypes: list[str], threads: list[int]) -> list[peers.Case]:
+    """The grid, threads outermost (torch.compile recompiles when the thread count changes)."""
+    return [peers.Case(n, s, d, m, t) for t in threads for n in norms for s in peers.SHAPES
+            for d in dtypes for m in peers.MODES]
+
+
+def _peer_grid(args: argparse.Namespace) -> tuple[list[str], list[int]]:
+    cores = os.cpu_count() or 1
+    dtypes = args.dtype or list(peers.FULL_DTYPES if args.full else peers.DEFAULT_DTYPES)
+    threads = ([args.threads] if args.threads else
+               sorted({1, cores}) if args.full else [min(2, cores)])
+    return dtypes, threads
+
+
+def run_peers(args: argparse.Namespace) -> int:
+    """``layernorm bench --peers``: the grid, its table and headlines, and the JSON
+    (bench/results/cpu-peers.json, or cpu-peers-full.json with --full, unless --out)."""
+    if args.shape or args.impl:
+        return usage_error(PROG, "argument --peers: takes its named shapes and every "
+                                 "provider; leave out --shape and --impl")
+    bad = [d for d in (args.dtype or []) if d not in peers.FULL_DTYPES]
+    if bad:
+        return usage_error(PROG, f"argument --dtype: with --peers, one of "
+                                 f"{', '.join(peers.FULL_DTYPES)}; got {', '.join(bad)}")
+    dtypes, threads = _peer_grid(args)
+    for name, why in peers.available_peers().items():
+        print(f"{PROG}: peer {name}: " + ("found" if why is None else f"left out: {why}"),
+              file=sys.stderr)
+    rounds = args.rounds or (3 if args.quick else peers.ROUNDS)
+    cases = peer_cases(args.norm or providers.norms(), dtypes, threads)
+    progress = Progress()
+    result = peers.run(cases, rounds, progress)
+    progress.done()
+    print(f"layernorm bench --peers: {len(cases)} cases, {rounds} rounds each; ours' speed "
+          f"over a peer is its time over ours (p50: p20-p80 of per-round ratios)\n")
+    print(peers.table(result["rows"]))
+    print("\n" + "\n".join(f"- {line}" for line in peers.summary(result["rows"])))
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print(f"{PROG}: end to end left out: transformers is not installed", file=sys.stderr)
+    else:
+        e2e = peers.llama_end_to_end(rounds, max(threads))
+        result["end_to_end"] = e2e
+        print("\n" + peers.format_end_to_end(e2e))
+    name = "cpu-peers-full.json" if args.full else "cpu-peers.json"
+    out = results.save(result, args.out or Path("bench/results") / name)
+    print(f"\nsaved {out}")
+    return 0
+
+
+def peers_report_section(ctx: object) -> Section:
+    """The report's "CPU versus peers": the default grid (every norm and named shape, both
+    modes, float32, 2 threads), its headlines, the table and a plot of ours against the best
+    peer per case."""
+    cases = peer_cases(providers.norms(), list(peers.DEFAULT_DTYPES),
+                       [min(2, os.cpu_count() or 1)])
+    progress = Progress()
+    result = peers.run(cases, 3 if ctx.quick else peers.ROUNDS, progress)
+    progress.done()
+    rows = result["rows"]
+    results.save(result, ctx.outdir / "bench_peers.json")
+    try:
+        png = peers.plot(rows, ctx.outdir / "bench_peers.png")
+        plot = f"![ours against the best peer]({png.name})"
+    except ImportError:
+        plot = "(matplotlib is not installed: no plot.)"
+    found = result["meta"]["peers"]
+    left = [f"`{k}` ({v})" for k, v in found.items() if v is not None]
+    heads = peers.summary(rows)
+    e2e_text = ""
+    try:
+        e2e = peers.llama_end_to_end(3 if ctx.quick else peers.ROUNDS,
+                                     min(2, os.cpu_count() or 1))
+    except ImportError:
+        e2e_text = "End to end: transformers is not installed.\n\n"
+    else:
+        result["end_to_end"] = e2e
+        results.save(result, ctx.outdir / "bench_peers.json")
+        heads.append("end to end (Llama-shaped): " + "; ".join(
+            f"{task} {peers.end_to_end_verdict(task, e2e[task]['speedup'])} "
+            f"({e2e[task]['speedup'][0]:.2f}x)" for task in ("train step", "generate")))
+        e2e_text = peers.format_end_to_end(e2e) + "\n\n"
+    body = (
+        "`layernorm.torch` (through its public functions, with their checks) against what a "
+        "PyTorch user already has: torch eager (`F.layer_norm`, `F.rms_norm`, after "
+        "`x + residual`), `torch.compile` of the same (Inductor, static shapes, compiled "
+        "once per case; compile time in the JSON) and onnxruntime's fused CPU operators "
+        "(LayerNormalization, SimplifiedLayerNormalization, SkipLayerNormalization, "
+        "SkipSimplifiedLayerNormalization; outputs preallocated through IOBinding). Inference: "
+        "the forward under `torch.inference_mode`; training: forward and backward with every "
+        "gradient (onnxruntime has none). Interleaved rounds; each cell is a provider's p50 "
+        "per call and ours' speed over it (its time over ours, p50: p20-p80 of per-round "
+        f"ratios). Goal: at least {peers.GOAL}x the fastest peer; at the decode shapes in "
+        "inference, within 2x (one row) and 1.5x (eight rows) of torch eager's time. A verdict "
+        f"only where ours and that peer were steady (p80/p20 < {peers.STEADY}). "
+        + (f"Left out here: {', '.join(left)}. " if left else "")
+        + "The full grid (bfloat16, 1 thread): `layernorm bench --peers --full`.\n\n"
+        + e2e_text + plot + "\n\n" + folded("All cases", peers.table(rows)) + "\n")
+    return Section(heads, body)
 
 
 def run_cuda(args: argparse.Namespace) -> int:

@@ -1,11 +1,12 @@
-r"""Numba kernels for the family of norms: one parallel pass over the rows each way.
+r"""Numba kernels for the family of norms: one pass over a range of rows each way.
 
 For one row of length D, T the compute dtype (float32; float64 for float64 input), scale = gamma
 or 1 + gamma, and centred = True for LayerNorm, False for RMSNorm (then hi = lo = c = 0):
 
     forward   [add]  h_j = x_j + r_j rounded once to h's dtype; the row below is h
-              A  m0 = T(sum_j x_j / D)                     (centred only)
+              A  m0 = T(mean of SAMPLES elements spread over the row)   (centred only)
               B  s1 = sum_j (x_j - m0), s2 = sum_j (x_j - m0)^2, c = s1 / D
+                 if c^2 > RECENTRE * (s2 / D - c^2): m0 = T(m0 + c), B again
                  hi + lo = m0 + c (two T numbers), var = s2 / D - c^2, rstd = 1/sqrt(var + eps)
               C  y_j = scale_j * ((x_j - hi) - lo) * rstd + beta_j
     backward  1  u_j = dy_j * scale_j, su = sum_j u_j, sut = sum_j u_j * (x_j - hi)
@@ -14,7 +15,8 @@ or 1 + gamma, and centred = True for LayerNorm, False for RMSNorm (then hi = lo 
                  dgamma_j += dy_j * xhat_j, dbeta_j += dy_j  (float64 partials per row chunk)
 
 Code paths (docs/cpu-kernels.md has the reasons and the measurements):
-- every row: the three sweeps above, sums in blocks of BLOCK elements in T joined in float64;
+- every row: sweeps B and C (B twice where the sample's mean is off), sums in blocks of BLOCK
+  elements in T joined in float64;
 - rows whose T sums overflow (or hold inf/NaN): statistics and y in float64 on x * 2**-e;
 - backward tiles of TILE rows share one sweep over the float64 partials; a tile with a scaled
   row, or whose T sums are not finite, goes row by row, the same additions in the same order;
@@ -44,6 +46,12 @@ LINE_BYTES = 64  # cache line; prefetches are issued one per line
 ROWS_PER_CHUNK = 32  # fewest rows in a backward chunk
 MAX_CHUNKS = 16  # most chunks: float64 partial traffic stays ~1% of the bytes for M >= 4096
 TILE = 4  # rows of a backward tile: its dgamma/dbeta terms join the float64 partials together
+SAMPLES = 16  # elements of a row whose mean is the first guess at the row's mean
+# Centred on a guess m0, var = s2/D - c^2 (c = mean - m0) loses about (1 + 2 c^2/var) units of
+# rounding of var: a guess within sqrt(1/8) standard deviations of the mean costs at most a
+# quarter of a unit more than centring on the rounded mean. Rows whose guess is further off
+# (structured rows, or a sample of outliers) take a second sweep centred on the mean.
+RECENTRE = 1 / 8
 
 # Per-row statistics, one row of ``stats`` (M, NSTATS) float64 per row: the mean as an
 # unevaluated sum HI + LO of two T numbers, RSTD, and SCALE (the power of two the row was scaled
@@ -192,17 +200,16 @@ def _prefetch_span(row, j0, j1):
 # non-negative and drop its negative-index wraparound, which blocks vectorisation. ``z`` is a
 # zero of the compute dtype T.
 
-@njit(fastmath={"reassoc"}, cache=True)
-def _sum(row, z):
-    """sum_j row_j: T sums of BLOCK elements added in float64 (row: (D,) storage)."""
+@njit(cache=True)
+def _sample_mean(row, z):
+    """T(mean of SAMPLES elements spread evenly over the row): a first guess at the mean that
+    costs no sweep (row: (D,) storage)."""
+    D = row.shape[0]
+    n = min(SAMPLES, D)
     s = 0.0
-    for j0 in range(0, row.shape[0], BLOCK):
-        blk = row[j0:j0 + BLOCK]  # (<= BLOCK,)
-        b = z
-        for j in range(blk.shape[0]):
-            b += _ld(blk[j])
-        s += b
-    return s
+    for k in range(n):
+        s += np.float64(_ld(row[k * D // n]))
+    return _to(s / n, z)
 
 
 @njit(fastmath={"reassoc"}, cache=True)
@@ -279,14 +286,21 @@ def _split_mean(m0, c, z):
 
 @njit(error_model="numpy", cache=True)
 def _row_stats(xr, eps, centred, z, with_ck):
-    """(hi, lo, rstd, finite, checksum or 0) of one row (xr: (D,)), corrected two-pass. IEEE
-    division: with eps = 0 (the torch API allows it) a constant row gets rstd = inf, so its
-    xhat is NaN, as torch's."""
+    """(hi, lo, rstd, finite, checksum or 0) of one row (xr: (D,)), corrected two-pass with
+    the first pass skipped where a sample of the row stands in for it. IEEE division: with
+    eps = 0 (the torch API allows it) a constant row gets rstd = inf, so its xhat is NaN, as
+    torch's."""
     D = xr.shape[0]
-    m0 = _to(_sum(xr, z) / D, z) if centred else z
+    m0 = _sample_mean(xr, z) if centred else z
     s1, s2, ck = _sum_centred(xr, m0, z, with_ck)
     c = s1 / D if centred else 0.0
-    var = max(s2 / D - c * c, 0.0)  # a variance: rounding must not take it below 0
+    var = s2 / D - c * c
+    if c * c > var * RECENTRE:  # the sample missed the mean: centre on the mean just found
+        m0 = _to(np.float64(m0) + c, z)
+        s1, s2, ck = _sum_centred(xr, m0, z, with_ck)
+        c = s1 / D
+        var = s2 / D - c * c
+    var = max(var, 0.0)  # a variance: rounding must not take it below 0
     hi, lo = _split_mean(np.float64(m0), c, z)
     return hi, lo, 1.0 / np.sqrt(var + eps), np.isfinite(m0 + c) and np.isfinite(var), ck
 
