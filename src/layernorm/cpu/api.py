@@ -28,7 +28,7 @@ from .._validate import (
 from ..dtypes import compute_dtype, widest_compute_dtype
 from ..family import NORMS, Norm
 from ..reference import form_scale
-from . import entry, kernels
+from . import entry, kernels, memory
 from .kernels import HI, LO, NSTATS, RSTD, SCALE
 
 __all__ = [
@@ -55,7 +55,8 @@ class CpuNormCache:
         stats: (M, NSTATS) float64 per row: the mean as HI + LO (0 for RMSNorm), RSTD and SCALE.
         check: (M,) uint64 per row: a checksum of x's bits. The backward recomputes it and
             raises ValueError if x changed in between, rather than differentiate a forward
-            that did not run (``out=`` arrays may be partly written by then).
+            that did not run (``out=`` arrays may be partly written by then). (0,) for a
+            forward called with ``checksum=False``: nothing is verified.
         scale: (D,) gamma (or 1 + gamma) in the compute dtype, a copy taken by the forward
             (ones without gamma): changing gamma afterwards does not change the backward.
         gamma_dtype: dtype of gamma, or None without gamma (then dgamma is None).
@@ -138,7 +139,7 @@ def _output(out: object, name: str, shape: tuple[int, ...], dtype: np.dtype,
             callers: tuple[object, ...], why: str) -> np.ndarray:
     """``out`` checked, or a fresh array, of ``shape`` and ``dtype``."""
     if out is None:
-        return np.empty(shape, dtype)
+        return memory.empty(shape, dtype)
     return check_out(out, shape, dtype, name, callers, why)
 
 
@@ -147,13 +148,14 @@ _OVERLAP = "(the caller's arrays are never written, and the backward reads x)"
 
 def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: object, eps: object,
              zero_centered_gamma: bool, residual_dtype: object, out: object, out_h: object,
-             ) -> tuple[np.ndarray, np.ndarray | None, CpuNormCache]:
+             checksum: object = True) -> tuple[np.ndarray, np.ndarray | None, CpuNormCache]:
     given = (x, residual, gamma, beta)  # the caller's objects, before any conversion
     x = check_x(x)
     d = x.shape[-1]
     gamma = check_param(gamma, "gamma", d)
     beta = check_param(beta, "beta", d) if norm.centred else None
     zero_centered_gamma = check_flag(zero_centered_gamma, "zero_centered_gamma")
+    checksum = check_flag(checksum, "checksum")
     if norm.residual:
         residual = check_shape(residual, "residual", x.shape, "x")
         h_dtype = check_dtype(residual_dtype, "residual_dtype", x.dtype)
@@ -178,15 +180,15 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
         r2 = h2 = _none(m, x2.dtype)
         zp = cdt.type(0)
     stats = np.empty((m, NSTATS))  # (M, NSTATS) float64
-    check = np.empty(m, np.uint64)  # (M,)
+    check = np.empty(m if checksum else 0, np.uint64)  # (M,), or (0,) without checksums
     y2 = _storage(y).reshape(m, d)
     key = entry.forward_key(x2.dtype.name, r2.dtype.name if norm.residual else None,
                             h2.dtype.name if norm.residual else None, cdt.name, zp.dtype.name)
-    flags = (kernels.CENTRED if norm.centred else 0) | kernels.CHECKSUM
+    flags = (kernels.CENTRED if norm.centred else 0) | (kernels.CHECKSUM if checksum else 0)
     if m:
         entry.run(entry.ctypes_fn(key),
                   (_ptr(x2), _ptr(r2), _ptr(h2), _ptr(y2), 0, _ptr(scale), _ptr(beta_c), eps,
-                   flags, _ptr(stats), _ptr(check), m, d, r2.shape[1], m, m),
+                   flags, _ptr(stats), _ptr(check), m, d, r2.shape[1], m, check.shape[0]),
                   m, m * d, threads())
     cache = CpuNormCache(
         norm=norm, x=h2 if norm.residual else x2, stats=stats, check=check, scale=scale,
@@ -234,7 +236,8 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     dres2 = _none(m, dx2.dtype) if dres is None else _storage(dres).reshape(m, d)
     c = kernels.n_chunks(m)
     partial = np.empty((c, 2, d))  # (C, 2, D) float64
-    ok = np.ones(m, np.bool_)  # (M,)
+    mc = cache.check.shape[0]  # rows to verify: M, or 0 for a forward without checksums
+    ok = np.ones(mc, np.bool_)  # (M,) or (0,)
     dy2 = dy2.reshape(m, d)
     key = entry.backward_key(cache.x.dtype.name, dy2.dtype.name,
                              None if dh is None else dh2.dtype.name, dx2.dtype.name,
@@ -245,7 +248,7 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
                   (_ptr(cache.x), _ptr(dy2), _ptr(dh2), _ptr(dx2), _ptr(dres2), 0,
                    _ptr(cache.scale), _ptr(cache.stats), _ptr(cache.check),
                    kernels.CENTRED if norm.centred else 0, _ptr(partial), _ptr(ok), m, d,
-                   dh2.shape[1], dres2.shape[1], m, c),
+                   dh2.shape[1], dres2.shape[1], mc, c),
                   c, m * d, threads())
         entry.ctypes_fn("reduce")(_ptr(partial), _ptr(sums), c, d)
     if not ok.all():
@@ -271,6 +274,7 @@ def layer_norm_forward(
     *,
     zero_centered_gamma: bool = False,
     out: np.ndarray | None = None,
+    checksum: bool = True,
 ) -> tuple[np.ndarray, CpuNormCache]:
     """Layer norm over the last axis of ``x``, fused: one parallel pass over the rows.
 
@@ -283,12 +287,17 @@ def layer_norm_forward(
         eps: finite positive number added to the variance.
         zero_centered_gamma: scale by 1 + gamma instead of gamma.
         out: optional C-contiguous array of x's shape and dtype that receives y; it must not
-            overlap x, gamma or beta.
+            overlap x, gamma or beta. Without it, a large y reuses memory freed by earlier
+            outputs (:mod:`layernorm.cpu.memory`).
+        checksum: record a checksum of each row of x, which the backward verifies (it raises
+            ValueError if x changed in between). False saves its cost (about 40% of the
+            forward on rows out of cache), and then a change to x goes unseen.
 
     Returns:
         y: x's shape and dtype (``out`` when given); cache: for :func:`layer_norm_backward`.
     """
-    y, _, cache = _forward(_LN, x, None, gamma, beta, eps, zero_centered_gamma, None, out, None)
+    y, _, cache = _forward(_LN, x, None, gamma, beta, eps, zero_centered_gamma, None, out, None,
+                           checksum)
     return y, cache
 
 
@@ -311,12 +320,14 @@ def rms_norm_forward(
     *,
     zero_centered_gamma: bool = False,
     out: np.ndarray | None = None,
+    checksum: bool = True,
 ) -> tuple[np.ndarray, CpuNormCache]:
     """RMSNorm over the last axis of ``x``, fused: y = scale * x / sqrt(mean(x²) + eps).
 
     Arguments and results as :func:`layer_norm_forward`, without beta.
     """
-    y, _, cache = _forward(_RMS, x, None, gamma, None, eps, zero_centered_gamma, None, out, None)
+    y, _, cache = _forward(_RMS, x, None, gamma, None, eps, zero_centered_gamma, None, out, None,
+                           checksum)
     return y, cache
 
 
@@ -340,6 +351,7 @@ def add_layer_norm_forward(
     zero_centered_gamma: bool = False,
     out: np.ndarray | None = None,
     out_h: np.ndarray | None = None,
+    checksum: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, CpuNormCache]:
     """h = x + residual (rounded once to ``residual_dtype``, default x's dtype), then layer
     norm of h, fused in one pass.
@@ -348,7 +360,7 @@ def add_layer_norm_forward(
     refers to h: the backward raises ValueError if h changed in between.
     """
     return _forward(_ADD_LN, x, residual, gamma, beta, eps, zero_centered_gamma,
-                    residual_dtype, out, out_h)
+                    residual_dtype, out, out_h, checksum)
 
 
 def add_layer_norm_backward(
@@ -370,10 +382,11 @@ def add_rms_norm_forward(
     zero_centered_gamma: bool = False,
     out: np.ndarray | None = None,
     out_h: np.ndarray | None = None,
+    checksum: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, CpuNormCache]:
     """h = x + residual, then RMSNorm of h, fused (as :func:`add_layer_norm_forward`)."""
     return _forward(_ADD_RMS, x, residual, gamma, None, eps, zero_centered_gamma,
-                    residual_dtype, out, out_h)
+                    residual_dtype, out, out_h, checksum)
 
 
 def add_rms_norm_backward(

@@ -30,10 +30,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
-from numba import carray, cfunc, types
+from numba import cfunc, types
 
 from . import kernels
-from .kernels import NSTATS
 
 __all__ = ["address", "backward_key", "ctypes_fn", "forward_key", "resolve", "run", "split"]
 
@@ -92,32 +91,6 @@ def resolve(request: str) -> int:
     return address("reduce")
 
 
-# Every argument is a pointer, an int64 or a float64, so that one C type serves every storage
-# combination; a_p is a null pointer whose type names the dtype the add is computed in.
-
-def _forward_c(x_p, r_p, h_p, y_p, a_p, scale_p, beta_p, eps, flags, stats_p, check_p, m, d,
-               dr, ms, mc, i0, i1):
-    zp = carray(a_p, (0,)).dtype.type(0)
-    kernels.forward_rows(
-        carray(x_p, (m, d)), carray(r_p, (m, dr)), zp, carray(scale_p, (d,)),
-        carray(beta_p, (d,)), eps, flags, carray(y_p, (m, d)), carray(h_p, (m, dr)),
-        carray(stats_p, (ms, NSTATS)), carray(check_p, (mc,)), i0, i1)
-
-
-def _backward_c(x_p, dy_p, dh_p, dx_p, dr_p, a_p, scale_p, stats_p, check_p, flags, partial_p,
-                ok_p, m, d, dhc, drc, mc, c, c0, c1):
-    zp = carray(a_p, (0,)).dtype.type(0)
-    kernels.backward_chunks(
-        carray(x_p, (m, d)), carray(dy_p, (m, d)), carray(dh_p, (m, dhc)), zp,
-        carray(scale_p, (d,)), carray(stats_p, (m, NSTATS)), carray(check_p, (mc,)), flags,
-        carray(dx_p, (m, d)), carray(dr_p, (m, drc)), carray(partial_p, (c, 2, d)),
-        carray(ok_p, (mc,)), c0, c1)
-
-
-def _reduce_c(partial_p, out_p, c, d):
-    kernels.reduce_chunks(carray(partial_p, (c, 2, d)), carray(out_p, (2, d)))
-
-
 def _signature(kind: str, codes: dict[str, str]):
     t = {role: _TYPES[code][0] for role, code in codes.items()}
     if kind == "forward":
@@ -131,7 +104,10 @@ def _signature(kind: str, codes: dict[str, str]):
     return types.void(_P(types.float64), _P(types.float64), _I, _I)
 
 
-_PY = {"forward": _forward_c, "backward": _backward_c, "reduce": _reduce_c}
+# the wrappers live in kernels.py: Numba's disk cache of a function is invalidated by changes
+# to its own file only, so wrappers elsewhere would keep compiled copies of old kernels
+_PY = {"forward": kernels.forward_c, "backward": kernels.backward_c,
+       "reduce": kernels.reduce_c}
 _compiled: dict[str, object] = {}
 _compile_lock = threading.Lock()
 

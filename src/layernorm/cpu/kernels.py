@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -216,8 +216,7 @@ def _sample_mean(row, z):
 def _sum_centred(row, m0, z, with_ck):
     """(sum_j d_j, sum_j d_j^2, checksum) with d = row - m0 in T (row: (D,) storage; m0, z: T).
 
-    The checksum is sum_j _mix(row_j, j) mod 2**64 when ``with_ck``, else 0 (two loops, so
-    that the sums alone vectorise without it).
+    The checksum is sum_j _mix(row_j, j) mod 2**64 when ``with_ck``, else 0.
     """
     s1 = 0.0
     s2 = 0.0
@@ -226,17 +225,13 @@ def _sum_centred(row, m0, z, with_ck):
         blk = row[j0:j0 + BLOCK]  # (<= BLOCK,)
         b1 = z
         b2 = z
-        if with_ck:
+        for j in range(blk.shape[0]):
+            d = _ld(blk[j]) - m0
+            b1 += d
+            b2 += d * d
+        if with_ck:  # a loop of its own: the sums' order is the same with or without it
             for j in range(blk.shape[0]):
-                d = _ld(blk[j]) - m0
-                b1 += d
-                b2 += d * d
                 ck += _mix(blk[j], j0 + j)
-        else:
-            for j in range(blk.shape[0]):
-                d = _ld(blk[j]) - m0
-                b1 += d
-                b2 += d * d
         s1 += b1
         s2 += b2
     return s1, s2, ck
@@ -254,17 +249,13 @@ def _sum_grad(xr, dyr, scale, hi, z, with_ck):
         gb = scale[j0:j0 + BLOCK]
         b1 = z
         b2 = z
-        if with_ck:
+        for j in range(xb.shape[0]):
+            u = _ld(db[j]) * gb[j]
+            b1 += u
+            b2 += u * (_ld(xb[j]) - hi)
+        if with_ck:  # a loop of its own: the sums' order is the same with or without it
             for j in range(xb.shape[0]):
-                u = _ld(db[j]) * gb[j]
-                b1 += u
-                b2 += u * (_ld(xb[j]) - hi)
                 ck += _mix(xb[j], j0 + j)
-        else:
-            for j in range(xb.shape[0]):
-                u = _ld(db[j]) * gb[j]
-                b1 += u
-                b2 += u * (_ld(xb[j]) - hi)
         s1 += b1
         s2 += b2
     return s1, s2, ck
@@ -685,6 +676,34 @@ def reduce_chunks(partial, out):
             p = partial[c, k]  # (D,)
             for j in range(D):
                 acc[j] += p[j]
+
+
+# --- entry points as C functions ---------------------------------------------------------
+# Compiled by layernorm.cpu.entry with Numba's cfunc, one per combination of storage types.
+# Every argument is a pointer, an int64 or a float64, so that one C type serves every storage
+# combination; a_p is a null pointer whose type names the dtype the add is computed in.
+
+def forward_c(x_p, r_p, h_p, y_p, a_p, scale_p, beta_p, eps, flags, stats_p, check_p, m, d,
+               dr, ms, mc, i0, i1):
+    zp = carray(a_p, (0,)).dtype.type(0)
+    forward_rows(
+        carray(x_p, (m, d)), carray(r_p, (m, dr)), zp, carray(scale_p, (d,)),
+        carray(beta_p, (d,)), eps, flags, carray(y_p, (m, d)), carray(h_p, (m, dr)),
+        carray(stats_p, (ms, NSTATS)), carray(check_p, (mc,)), i0, i1)
+
+
+def backward_c(x_p, dy_p, dh_p, dx_p, dr_p, a_p, scale_p, stats_p, check_p, flags, partial_p,
+                ok_p, m, d, dhc, drc, mc, c, c0, c1):
+    zp = carray(a_p, (0,)).dtype.type(0)
+    backward_chunks(
+        carray(x_p, (m, d)), carray(dy_p, (m, d)), carray(dh_p, (m, dhc)), zp,
+        carray(scale_p, (d,)), carray(stats_p, (m, NSTATS)), carray(check_p, (mc,)), flags,
+        carray(dx_p, (m, d)), carray(dr_p, (m, drc)), carray(partial_p, (c, 2, d)),
+        carray(ok_p, (mc,)), c0, c1)
+
+
+def reduce_c(partial_p, out_p, c, d):
+    reduce_chunks(carray(partial_p, (c, 2, d)), carray(out_p, (2, d)))
 
 
 def n_chunks(M: int) -> int:
