@@ -347,10 +347,12 @@ def _add_row(xr, rr, hr, zp):
 
 
 @njit(fastmath={"contract"}, cache=True)
-def _write_y(xr, hi, lo, rc, scale, beta, yr, nxt):
+def _write_y(xr, hi, lo, rc, scale, beta, yr, nxt, centred):
     """y = ((x - hi) * rstd - lo * rstd) * scale + beta, rounded to y's storage (all (D,)).
 
-    Prefetches the next row ``nxt`` (D,).
+    Without ``centred`` (RMSNorm: hi = lo = beta = 0) the same bits as y = (x * rstd) * scale,
+    which is what runs (two multiplications, no third stream). Prefetches the next row ``nxt``
+    (D,).
     """
     D = xr.shape[0]
     nlr = -lo * rc
@@ -358,10 +360,14 @@ def _write_y(xr, hi, lo, rc, scale, beta, yr, nxt):
     for j0 in range(0, D, SPAN):
         xb = xr[j0:j0 + SPAN]  # (<= SPAN,)
         gb = scale[j0:j0 + SPAN]
-        bb = beta[j0:j0 + SPAN]
         yb = yr[j0:j0 + SPAN]
-        for j in range(xb.shape[0]):
-            yb[j] = _to(((_ld(xb[j]) - hi) * rc + nlr) * gb[j] + bb[j], yz)
+        if centred:
+            bb = beta[j0:j0 + SPAN]
+            for j in range(xb.shape[0]):
+                yb[j] = _to(((_ld(xb[j]) - hi) * rc + nlr) * gb[j] + bb[j], yz)
+        else:
+            for j in range(xb.shape[0]):
+                yb[j] = _to((_ld(xb[j]) * rc) * gb[j], yz)
         _prefetch_span(nxt, j0, j0 + SPAN)
 
 
@@ -373,13 +379,13 @@ def _forward_row(xr, eps, centred, scale, beta, yr, st, nxt, with_ck):
     hi, lo, r, finite, ck = _row_stats(xr, eps, centred, z, with_ck)
     if finite:
         st[HI], st[LO], st[RSTD], st[SCALE] = hi, lo, r, 1.0
-        _write_y(xr, hi, lo, _to(r, z), scale, beta, yr, nxt)
+        _write_y(xr, hi, lo, _to(r, z), scale, beta, yr, nxt, centred)
         return ck
     xs = _scaled_stats(xr, eps, centred, st)
     if xs.shape[0] == 0:  # constant row: xhat = 0
-        _write_y(xr, _to(st[HI], z), z, _to(st[RSTD], z), scale, beta, yr, nxt)
+        _write_y(xr, _to(st[HI], z), z, _to(st[RSTD], z), scale, beta, yr, nxt, True)
     else:  # float64 arithmetic on the scaled row, y rounded once
-        _write_y(xs, st[HI], st[LO], st[RSTD], scale, beta, yr, nxt)
+        _write_y(xs, st[HI], st[LO], st[RSTD], scale, beta, yr, nxt, True)
     return ck
 
 

@@ -1,0 +1,98 @@
+"""Where the time of one small call goes: the parts of a decode-sized norm call, measured.
+
+    python tools/call_cost.py [--d 4096] [--threads 2]
+
+Times, on one row of D float32 elements (1x1xD), each part of a call of ``layernorm.torch``
+and of ``layernorm.cpu`` in isolation, beside ``torch.nn.functional.layer_norm``: the
+median of 9 batches of 2000 calls each. A part's time is the difference of two calls that
+differ by it (for example the op with D elements against the op with 64: the kernel's
+arithmetic). docs/cpu-kernels.md quotes its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import layernorm.cpu as lnc
+import layernorm.torch as lt
+from layernorm.cpu import entry
+from layernorm.torch import _functional, _ops
+
+
+def per_call_us(fn: Callable[[], object], n: int = 2000, batches: int = 9) -> float:
+    """Median over batches of the mean time of one call, in microseconds."""
+    for _ in range(200):
+        fn()
+    times = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n)
+    return float(np.median(times)) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d", type=int, default=4096)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    d = args.d
+    x = torch.randn(1, 1, d)
+    w, b = torch.randn(d), torch.randn(d)
+    x64, w64, b64 = torch.randn(1, 64), torch.randn(64), torch.randn(64)
+    xn = x.numpy().reshape(1, d)
+    wn, bn = w.numpy(), b.numpy()
+    xg = x.clone().requires_grad_()
+    rows: list[tuple[str, float]] = []
+    with torch.inference_mode():
+        full = per_call_us(lambda: lt.layer_norm(x, d, w, b))
+        op = per_call_us(lambda: _ops.norm(x, None, w, b, 1e-5, True, False, None))
+        op64 = per_call_us(lambda: _ops.norm(x64, None, w64, b64, 1e-5, True, False, None))
+        empty = per_call_us(lambda: torch.empty(1, 1, d))
+        checks = per_call_us(lambda: (_functional._check_tensor(x, "input"),
+                                      _functional._normalized_shape(d, x, "input"),
+                                      _functional._check_param(w, "weight", (d,), x),
+                                      _functional._check_param(b, "bias", (d,), x),
+                                      _functional._check_eps(1e-5, x.dtype)))
+        rows += [
+            ("torch.nn.functional.layer_norm, whole call", per_call_us(
+                lambda: F.layer_norm(x, (d,), w, b))),
+            ("layernorm.torch.layer_norm, whole call (inference)", full),
+            ("  Python: argument checks", checks),
+            ("  Python: the rest of the wrapper (grad mode, flags, call)", full - op - checks),
+            ("  the op through torch's dispatcher, whole", op),
+            ("    dispatch, checks in C++, y allocated (the op on 64 elements)", op64),
+            ("      of which torch.empty of y", empty),
+            (f"    the kernel's arithmetic on {d} elements (op minus op on 64)", op - op64),
+        ]
+    train = per_call_us(lambda: lt.layer_norm(xg, d, w, b), n=500)
+    rows.append(("layernorm.torch.layer_norm, forward with autograd (x requires grad)", train))
+    key = entry.forward_key("float32", None, None, "float32", "float32")
+    fn = entry.ctypes_fn(key)
+    y = np.empty_like(xn)
+    stats = np.empty((1, 4))
+    ptr = entry.pointer
+    rows += [
+        ("layernorm.cpu.layer_norm_forward, whole call", per_call_us(
+            lambda: lnc.layer_norm_forward(xn, wn, bn), n=500)),
+        ("  the compiled kernel through ctypes (no checks, no allocation)", per_call_us(
+            lambda: fn(ptr(xn), 0, 0, ptr(y), 0, ptr(wn), ptr(bn), 1e-5, 1, ptr(stats), 0, 1,
+                       d, 0, 1, 0, 0, 1))),
+    ]
+    print(f"one row of {d} float32 elements, {args.threads} threads set, "
+          f"torch {torch.__version__}; microseconds per call, median of 9 batches\n")
+    print("| part | us |\n|---|---|")
+    for name, us in rows:
+        print(f"| {name.replace('  ', '&nbsp;&nbsp;')} | {us:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
