@@ -46,7 +46,14 @@ _RESULTS = textwrap.dedent("""
         for t in (*outs, *grads):
             out.append(hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8)
                                       .numpy().tobytes()).hexdigest())
-    print(_ops.NATIVE, " ".join(out))
+    g = torch.Generator().manual_seed(4)
+    x, r = (torch.randn(3, 6, generator=g, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))
+    w = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+    ok = (torch.autograd.gradgradcheck(lambda x, w: lt.layer_norm(x, 6, w), (x, w))
+          and torch.autograd.gradgradcheck(lambda x, r, w: lt.add_rms_norm(x, r, 6, w),
+                                           (x, r, w)))
+    print(_ops.NATIVE, ok, " ".join(out))
 """)
 
 
@@ -58,15 +65,16 @@ def _run(script: str, **env: str) -> subprocess.CompletedProcess:
 @needs_native
 def test_the_python_path_gives_the_cpp_operators_bits():
     """Protects the fallback's equivalence: with the C++ operator turned off
-    (LAYERNORM_NO_CPP=1) the ops' CPU kernels are registered from Python, and every result of
-    the family, forward, backward and inference, has the same bits as through the C++
-    operator (the same compiled kernels, rows split differently over threads)."""
+    (LAYERNORM_NO_CPP=1) the ops' CPU kernels and autograd are registered from Python, and
+    every result of the family, forward, backward and inference, has the same bits as through
+    the C++ operator (the same compiled kernels, rows split differently over threads); double
+    backward passes gradgradcheck through both autograd implementations."""
     native = _run(_RESULTS)
     python = _run(_RESULTS, LAYERNORM_NO_CPP="1")
     assert native.returncode == 0 and python.returncode == 0, native.stderr + python.stderr
-    flag_n, *bits_n = native.stdout.split()
-    flag_p, *bits_p = python.stdout.split()
-    assert (flag_n, flag_p) == ("True", "False")
+    flag_n, ok_n, *bits_n = native.stdout.split()
+    flag_p, ok_p, *bits_p = python.stdout.split()
+    assert (flag_n, flag_p, ok_n, ok_p) == ("True", "False", "True", "True")
     assert len(bits_n) == 2 * 12 and bits_n == bits_p
 
 

@@ -17,7 +17,9 @@ a row-sharded input gives row-sharded statistics.
 
 Autograd saves what the backward reads through ``save_for_backward`` (x, or h for an add-norm,
 and the parameters), so changing one of them in place before the backward raises torch's own
-version-counter error. The first backward is the fused ``layernorm::bwd``; a backward that is
+version-counter error. It is registered here for every device, and in C++ by the CPU operator
+for CPU tensors (the same saves and formulas, without Python in a training step's call).
+The first backward is the fused ``layernorm::bwd``; a backward that is
 itself differentiated (``create_graph=True``, double backward) is computed from torch
 operations (:func:`composite_backward`), which autograd differentiates.
 """
