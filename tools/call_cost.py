@@ -84,8 +84,8 @@ def main() -> None:
         ("layernorm.cpu.layer_norm_forward, whole call", per_call_us(
             lambda: lnc.layer_norm_forward(xn, wn, bn), n=500)),
         ("  the compiled kernel through ctypes (no checks, no allocation)", per_call_us(
-            lambda: fn(ptr(xn), 0, 0, ptr(y), 0, ptr(wn), ptr(bn), 1e-5, 1, ptr(stats), 0, 1,
-                       d, 0, 1, 0, 0, 1))),
+            lambda: fn(ptr(xn), 0, 0, ptr(y), 0, 0, ptr(wn), ptr(bn), 1e-5, 1, ptr(stats), 0,
+                       1, d, 0, d, d, 1, 0, 0, 1))),
     ]
     print(f"one row of {d} float32 elements, {args.threads} threads set, "
           f"torch {torch.__version__}; microseconds per call, median of 9 batches\n")

@@ -602,3 +602,20 @@ def format_end_to_end(e2e: dict) -> str:
             + ("identical" if e2e["same_tokens"] else "DIFFER") + ".\n\n")
     return head + render(["task", "torch's norms", "ours", "ours' speed (p20-p80)", "goal"],
                          rows, True)
+
+
+def doc_section(result: dict) -> str:
+    """What docs/torch.md shows of a saved run: per dtype and thread count the headlines, then
+    the table of every case, one per dtype and thread count (tests/test_docs.py checks the
+    document against the file with this function)."""
+    rows = result["rows"]
+    groups = sorted({(r["dtype"], r["threads"]) for r in rows}, key=lambda k: (k[0], -k[1]))
+    parts = []
+    for dtype, thr in groups:
+        mine = [r for r in rows if r["dtype"] == dtype and r["threads"] == thr]
+        parts.append(f"**{dtype}, {thr} thread{'s' if thr > 1 else ''}**\n\n"
+                     + "\n".join(f"- {line}" for line in summary(mine)) + "\n\n"
+                     + table(mine))
+    if "end_to_end" in result:
+        parts.append(format_end_to_end(result["end_to_end"]))
+    return "\n\n".join(parts)

@@ -187,8 +187,9 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
     flags = (kernels.CENTRED if norm.centred else 0) | (kernels.CHECKSUM if checksum else 0)
     if m:
         entry.run(entry.ctypes_fn(key),
-                  (_ptr(x2), _ptr(r2), _ptr(h2), _ptr(y2), 0, _ptr(scale), _ptr(beta_c), eps,
-                   flags, _ptr(stats), _ptr(check), m, d, r2.shape[1], m, check.shape[0]),
+                  (_ptr(x2), _ptr(r2), _ptr(h2), _ptr(y2), 0, 0, _ptr(scale), _ptr(beta_c),
+                   eps, flags, _ptr(stats), _ptr(check), m, d, r2.shape[1], d, d, m,
+                   check.shape[0]),
                   m, m * d, threads())
     cache = CpuNormCache(
         norm=norm, x=h2 if norm.residual else x2, stats=stats, check=check, scale=scale,

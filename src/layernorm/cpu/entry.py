@@ -49,7 +49,7 @@ _CODES = {"float32": "f32", "float64": "f64", "float16": "u16", "bfloat16": "i16
 
 # the storage types each entry point is compiled for, by role, in order
 ROLES = {
-    "forward": ("x", "r", "h", "t", "a"),
+    "forward": ("x", "r", "h", "t", "a", "g", "b"),
     "backward": ("x", "dy", "dh", "dx", "dr", "t", "a"),
     "reduce": (),
 }
@@ -58,10 +58,12 @@ _P = types.CPointer
 _I = types.int64
 
 
-def forward_key(x: str, r: str | None, h: str | None, t: str, a: str) -> str:
+def forward_key(x: str, r: str | None, h: str | None, t: str, a: str, g: str | None = None,
+                b: str | None = None) -> str:
     """The name of the forward compiled for these dtypes (names such as 'bfloat16'): x's, the
-    residual's and h's (None for a plain norm), the compute dtype t and the add's a."""
-    return _key("forward", x=x, r=r or x, h=h or x, t=t, a=a)
+    residual's and h's (None for a plain norm), the compute dtype t, the add's a, and gamma's
+    and beta's as stored (None: absent, or already in t)."""
+    return _key("forward", x=x, r=r or x, h=h or x, t=t, a=a, g=g or t, b=b or t)
 
 
 def backward_key(x: str, dy: str, dh: str | None, dx: str, dr: str | None, t: str,
@@ -95,8 +97,8 @@ def _signature(kind: str, codes: dict[str, str]):
     t = {role: _TYPES[code][0] for role, code in codes.items()}
     if kind == "forward":
         return types.void(_P(t["x"]), _P(t["r"]), _P(t["h"]), _P(t["x"]), _P(t["a"]), _P(t["t"]),
-                          _P(t["t"]), types.float64, _I, _P(types.float64), _P(types.uint64),
-                          _I, _I, _I, _I, _I, _I, _I)
+                          _P(t["g"]), _P(t["b"]), types.float64, _I, _P(types.float64),
+                          _P(types.uint64), _I, _I, _I, _I, _I, _I, _I, _I, _I)
     if kind == "backward":
         return types.void(_P(t["x"]), _P(t["dy"]), _P(t["dh"]), _P(t["dx"]), _P(t["dr"]),
                           _P(t["a"]), _P(t["t"]), _P(types.float64), _P(types.uint64), _I,

@@ -38,7 +38,7 @@ import numpy as np
 from llvmlite import ir
 from numba import carray, njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 BLOCK = 1024  # elements summed in T before the block total joins a float64 sum
 SPAN = 256  # elements of an output sweep between prefetch bursts (16 cache lines of float32)
@@ -60,8 +60,9 @@ RECENTRE = 1 / 8
 HI, LO, RSTD, SCALE = 0, 1, 2, 3
 NSTATS = 4
 
-# Bits of the entry points' ``flags``: LayerNorm (else RMSNorm); a checksum per row.
-CENTRED, CHECKSUM = 1, 2
+# Bits of the entry points' ``flags``: LayerNorm (else RMSNorm); a checksum per row; the scale
+# is 1 + gamma.
+CENTRED, CHECKSUM, ZERO_CENTERED = 1, 2, 4
 
 
 # --- element conversion: storage <-> compute -------------------------------------------------
@@ -389,29 +390,63 @@ def _forward_row(xr, eps, centred, scale, beta, yr, st, nxt, with_ck):
     return ck
 
 
+def _as_t(p, D, zt, fill, plus_one):
+    """(D,) parameter ``p`` (as stored, or (0,) where absent) as an array of T, the type of
+    ``zt``: ``fill`` where absent, plus one when ``plus_one`` (formed in T). ``p`` itself where
+    it already is one (no copy: a decode call's whole work is a few microseconds)."""
+
+
+@overload(_as_t, jit_options={"cache": True})
+def _as_t_typed(p, D, zt, fill, plus_one):
+    if p.dtype == zt:
+        def same(p, D, zt, fill, plus_one):
+            if p.shape[0] == 0:
+                return np.full(D, fill, p.dtype)
+            if not plus_one:
+                return p
+            out = p.copy()
+            for j in range(D):
+                out[j] = out[j] + 1
+            return out
+        return same
+
+    def convert(p, D, zt, fill, plus_one):
+        out = np.full(D, fill, type(zt))
+        if p.shape[0] > 0:
+            for j in range(D):
+                out[j] = _to(_ld(p[j]), zt)
+            if plus_one:
+                for j in range(D):
+                    out[j] = out[j] + 1
+        return out
+    return convert
+
+
 @njit(cache=True)
-def forward_rows(x, residual, zp, scale, beta, eps, flags, y, h, stats, check, i0, i1):
+def forward_rows(x, residual, zp, zt, gamma, beta, eps, flags, y, h, stats, check, i0, i1):
     """Rows i0 <= i < i1 of the forward: y (M, D), and for those rows h, stats, check.
 
     x: (M, D) storage; residual and h: (M, D) storage for an add-norm, else (M, 0) (then the
-    norm is of x); zp: a zero of the dtype the add is computed in; scale, beta: (D,) T (ones
-    and zeros stand in for absent parameters); flags: CENTRED | CHECKSUM; stats: (M, NSTATS)
-    float64, or (0, NSTATS) to keep no statistics (inference); check: (M,) uint64, written
-    with CHECKSUM, else (0,).
+    norm is of x); zp, zt: zeros of the dtype the add is computed in and of the compute dtype
+    T; gamma, beta: (D,) as stored, or (0,) where absent; flags: CENTRED | CHECKSUM |
+    ZERO_CENTERED (scale = 1 + gamma); stats: (M, NSTATS) float64, or (0, NSTATS) to keep no
+    statistics (inference); check: (M,) uint64, written with CHECKSUM, else (0,).
     """
-    M = x.shape[0]
+    M, D = x.shape
     centred = (flags & CENTRED) != 0
     with_ck = (flags & CHECKSUM) != 0
     keep = stats.shape[0] > 0
     scratch = np.empty(NSTATS)  # a row's statistics when none are kept
+    scale = _as_t(gamma, D, zt, 1.0, (flags & ZERO_CENTERED) != 0)
+    shift = _as_t(beta, D, zt, 0.0, False)
     for i in range(i0, i1):
         nxt = x[min(i + 1, M - 1)]
         st = stats[i] if keep else scratch
         if residual.shape[1] > 0:  # the norm of h, as rounded: the backward reads the same
             _add_row(x[i], residual[i], h[i], zp)
-            ck = _forward_row(h[i], eps, centred, scale, beta, y[i], st, nxt, with_ck)
+            ck = _forward_row(h[i], eps, centred, scale, shift, y[i], st, nxt, with_ck)
         else:
-            ck = _forward_row(x[i], eps, centred, scale, beta, y[i], st, nxt, with_ck)
+            ck = _forward_row(x[i], eps, centred, scale, shift, y[i], st, nxt, with_ck)
         if with_ck:
             check[i] = ck
 
@@ -687,14 +722,16 @@ def reduce_chunks(partial, out):
 # --- entry points as C functions ---------------------------------------------------------
 # Compiled by layernorm.cpu.entry with Numba's cfunc, one per combination of storage types.
 # Every argument is a pointer, an int64 or a float64, so that one C type serves every storage
-# combination; a_p is a null pointer whose type names the dtype the add is computed in.
+# combination; a_p and t_p are null pointers whose types name the dtype the add is computed in
+# and the compute dtype.
 
-def forward_c(x_p, r_p, h_p, y_p, a_p, scale_p, beta_p, eps, flags, stats_p, check_p, m, d,
-               dr, ms, mc, i0, i1):
+def forward_c(x_p, r_p, h_p, y_p, a_p, t_p, g_p, b_p, eps, flags, stats_p, check_p, m, d, dr,
+              dg, db, ms, mc, i0, i1):
     zp = carray(a_p, (0,)).dtype.type(0)
+    zt = carray(t_p, (0,)).dtype.type(0)
     forward_rows(
-        carray(x_p, (m, d)), carray(r_p, (m, dr)), zp, carray(scale_p, (d,)),
-        carray(beta_p, (d,)), eps, flags, carray(y_p, (m, d)), carray(h_p, (m, dr)),
+        carray(x_p, (m, d)), carray(r_p, (m, dr)), zp, zt, carray(g_p, (dg,)),
+        carray(b_p, (db,)), eps, flags, carray(y_p, (m, d)), carray(h_p, (m, dr)),
         carray(stats_p, (ms, NSTATS)), carray(check_p, (mc,)), i0, i1)
 
 

@@ -67,16 +67,22 @@ def forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Ten
     else:
         h = x.new_empty((0,))
         adt = cdt
-    scale = _as_compute(weight, d, cdt, 1.0, zero_centered_gamma)
-    shift = _as_compute(bias, d, cdt, 0.0, False)
+    # the kernels read gamma and beta as they are stored
+    weight = None if weight is None else weight.detach().contiguous()
+    bias = None if bias is None else bias.detach().contiguous()
     stats = torch.empty((m if keep else 0, NSTATS), dtype=torch.float64)
     key = entry.forward_key(_NAMES[x.dtype], _NAMES[residual.dtype] if add else None,
-                            _NAMES[h_dtype] if add else None, _NAMES[cdt], _NAMES[adt])
+                            _NAMES[h_dtype] if add else None, _NAMES[cdt], _NAMES[adt],
+                            None if weight is None else _NAMES[weight.dtype],
+                            None if bias is None else _NAMES[bias.dtype])
     fn = entry.ctypes_fn(key)
-    flags = kernels.CENTRED if centred else 0
+    flags = ((kernels.CENTRED if centred else 0)
+             | (kernels.ZERO_CENTERED if zero_centered_gamma and weight is not None else 0))
     if m:
-        entry.run(fn, (_p(x), _p(residual), _p(h), _p(y), 0, _p(scale), _p(shift), eps, flags,
-                       _p(stats), 0, m, d, d if add else 0, m if keep else 0, 0),
+        entry.run(fn, (_p(x), _p(residual), _p(h), _p(y), 0, 0, _p(weight), _p(bias), eps,
+                       flags, _p(stats), 0, m, d, d if add else 0,
+                       0 if weight is None else d, 0 if bias is None else d,
+                       m if keep else 0, 0),
                   m, m * d, torch.get_num_threads())
     return y, h, stats
 

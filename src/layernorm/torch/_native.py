@@ -84,7 +84,7 @@ def load() -> bool:
     address = ctypes.cast(_callback, ctypes.c_void_p).value
     torch.ops.layernorm_cpu._setup(address, entry.SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
                                    kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED,
-                                   pool_bytes())
+                                   kernels.ZERO_CENTERED, pool_bytes())
     return True
 
 

@@ -31,9 +31,10 @@ using OptTensor = std::optional<Tensor>;
 
 // The C types of the entry points (every argument a pointer, an int64 or a double).
 using ForwardFn = void (*)(const void* x, const void* r, void* h, void* y, const void* a,
-                           const void* scale, const void* beta, double eps, int64_t flags,
-                           double* stats, uint64_t* check, int64_t m, int64_t d, int64_t dr,
-                           int64_t ms, int64_t mc, int64_t i0, int64_t i1);
+                           const void* t, const void* gamma, const void* beta, double eps,
+                           int64_t flags, double* stats, uint64_t* check, int64_t m, int64_t d,
+                           int64_t dr, int64_t dg, int64_t db, int64_t ms, int64_t mc,
+                           int64_t i0, int64_t i1);
 using BackwardFn = void (*)(const void* x, const void* dy, const void* dh, void* dx, void* dr,
                             const void* a, const void* scale, const double* stats,
                             const uint64_t* check, int64_t flags, double* partial, bool* ok,
@@ -43,7 +44,8 @@ using ReduceFn = void (*)(const double* partial, double* out, int64_t c, int64_t
 using ResolveFn = int64_t (*)(const char* request);
 
 // Set by _setup from layernorm.cpu (entry.SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
-// kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED); the pool's cap below.
+// kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED, kernels.ZERO_CENTERED); the pool's
+// cap below.
 struct Config {
   ResolveFn resolve = nullptr;
   int64_t serial_elements = 1;
@@ -51,6 +53,7 @@ struct Config {
   int64_t max_chunks = 1;
   int64_t nstats = 1;
   int64_t centred = 1;
+  int64_t zero_centered = 1;
 };
 Config g_config;
 std::mutex g_mutex;
@@ -191,11 +194,12 @@ Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {
 }
 
 void setup(int64_t resolve, int64_t serial_elements, int64_t rows_per_chunk,
-           int64_t max_chunks, int64_t nstats, int64_t centred, int64_t pool_bytes) {
+           int64_t max_chunks, int64_t nstats, int64_t centred, int64_t zero_centered,
+           int64_t pool_bytes) {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_config = {reinterpret_cast<ResolveFn>(resolve), serial_elements, rows_per_chunk,
-                max_chunks, nstats, centred};
+                max_chunks, nstats, centred, zero_centered};
     g_kernels.clear();
   }
   std::lock_guard<std::mutex> lock(g_pool_mutex);
@@ -243,24 +247,28 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
   } else {
     h = at::empty({0}, x.options());
   }
-  const Tensor scale = as_compute(weight, d, cdt, 1.0, zero_centered_gamma);
-  const Tensor shift = as_compute(bias, d, cdt, 0.0, false);
+  // the kernel reads gamma and beta as they are stored (converted once per call, in it)
+  const Tensor gamma = weight.has_value() ? weight->contiguous() : Tensor();
+  const Tensor beta = bias.has_value() ? bias->contiguous() : Tensor();
   Tensor stats = at::empty({keep ? m : 0, g_config.nstats}, x.options().dtype(at::kDouble));
   auto fn = reinterpret_cast<ForwardFn>(
-      kernel("forward", {"x", "r", "h", "t", "a"},
-             {xdt, add ? rc.scalar_type() : kNone, add ? hdt : kNone, cdt, adt}));
+      kernel("forward", {"x", "r", "h", "t", "a", "g", "b"},
+             {xdt, add ? rc.scalar_type() : kNone, add ? hdt : kNone, cdt, adt,
+              gamma.defined() ? gamma.scalar_type() : kNone,
+              beta.defined() ? beta.scalar_type() : kNone}));
   if (m == 0) return {y, h, stats};
   const void* xp = xc.const_data_ptr();
   const void* rp = add ? rc.const_data_ptr() : nullptr;
   void* hp = add ? h.mutable_data_ptr() : nullptr;
   void* yp = y.mutable_data_ptr();
-  const void* sp = scale.const_data_ptr();
-  const void* bp = shift.const_data_ptr();
+  const void* gp = gamma.defined() ? gamma.const_data_ptr() : nullptr;
+  const void* bp = beta.defined() ? beta.const_data_ptr() : nullptr;
   double* stp = keep ? stats.mutable_data_ptr<double>() : nullptr;
-  const int64_t flags = centred ? g_config.centred : 0;
+  const int64_t flags = (centred ? g_config.centred : 0) |
+                        (zero_centered_gamma && gamma.defined() ? g_config.zero_centered : 0);
   at::parallel_for(0, m, grain(d), [&](int64_t i0, int64_t i1) {
-    fn(xp, rp, hp, yp, nullptr, sp, bp, eps, flags, stp, nullptr, m, d, add ? d : 0,
-       keep ? m : 0, 0, i0, i1);
+    fn(xp, rp, hp, yp, nullptr, nullptr, gp, bp, eps, flags, stp, nullptr, m, d,
+       add ? d : 0, gamma.defined() ? d : 0, beta.defined() ? d : 0, keep ? m : 0, 0, i0, i1);
   });
   return {y, h, stats};
 }
@@ -461,7 +469,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_autograd(
 
 TORCH_LIBRARY_FRAGMENT(layernorm_cpu, m) {
   m.def("_setup(int resolve, int serial_elements, int rows_per_chunk, int max_chunks, "
-        "int nstats, int centred, int pool_bytes) -> ()",
+        "int nstats, int centred, int zero_centered, int pool_bytes) -> ()",
         setup);
   m.def("_pool_bytes() -> int", pool_bytes);
   m.def("_n_chunks(int m) -> int", n_chunks);
