@@ -254,24 +254,13 @@ def _verdict(lo: float, hi: float, goal: float = 1.5) -> str:
     return "missed" if hi < goal else f"noisy: rerun ({lo:.2f}x-{hi:.2f}x)"
 
 
-def test_torch_speed_table_is_its_two_result_files():
-    """Protects docs/torch.md's speed table: the times, ratios and verdicts of its two runs."""
-    first, rerun = _result_rows("cpu-torch-api.json"), _result_rows("cpu-torch-api-rerun.json")
+def test_torch_speed_section_is_its_result_file():
+    """Protects docs/torch.md's speed section: its headlines and tables are what
+    layernorm.bench.peers.doc_section makes of bench/results/cpu-peers-full.json."""
+    from layernorm.bench import peers
 
-    def ratio(row: dict, peer: str) -> str:
-        lo, hi = row["speedup_p20_p80"][peer]
-        return f"{row['speedup'][peer]:.2f}x ({lo:.2f}-{hi:.2f})"
-
-    table = _doc_table(TORCH, "| norm | shape | dtype | ours fwd+bwd ms |")
-    assert len(table) == 24
-    for norm, shape, dtype, ms, torch, compiled, verdict, again, again_verdict in table:
-        key = (NORM_NAMES[norm], shape, dtype, "layernorm.torch", "fwd+bwd")
-        ours, ours2 = first[key], rerun[key]
-        assert ms == f"{ours['p50_ms']:.3f} ({ours['p20_ms']:.3f}-{ours['p80_ms']:.3f})"
-        assert [torch, compiled, again] == [ratio(ours, "torch"), ratio(ours, "torch.compile"),
-                                            ratio(ours2, "torch")]
-        assert verdict == _verdict(*ours["speedup_p20_p80"]["torch"])
-        assert again_verdict == _verdict(*ours2["speedup_p20_p80"]["torch"])
+    saved = peers.load(ROOT / "bench" / "results" / "cpu-peers-full.json")
+    assert peers.doc_section(saved) in TORCH.read_text()
 
 
 def test_gpu_register_summary_is_its_listing():

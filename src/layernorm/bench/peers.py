@@ -32,6 +32,7 @@ peer, judged with :func:`layernorm.bench.results.verdict`).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -49,8 +50,8 @@ from .machine import machine_info
 
 __all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "LLAMA", "MODES", "PEERS",
            "ROUNDS", "SHAPES", "STEADY", "Absent", "Case", "available_peers",
-           "end_to_end_verdict", "format_end_to_end", "judged_against", "llama_end_to_end",
-           "measure", "plot", "run", "summary", "table"]
+           "doc_section", "end_to_end_verdict", "format_end_to_end", "judged_against",
+           "llama_end_to_end", "load", "measure", "plot", "run", "summary", "table"]
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "decode": (1, 1, 4096),
@@ -602,6 +603,16 @@ def format_end_to_end(e2e: dict) -> str:
             + ("identical" if e2e["same_tokens"] else "DIFFER") + ".\n\n")
     return head + render(["task", "torch's norms", "ours", "ours' speed (p20-p80)", "goal"],
                          rows, True)
+
+
+def load(path: Path) -> dict:
+    """A run saved by ``layernorm bench --peers``: ``{"meta", "rows"}`` and, where the
+    end-to-end model ran, ``"end_to_end"``."""
+    result = json.loads(Path(path).read_text())
+    if not isinstance(result, dict) or not {"meta", "rows"} <= set(result) <= {
+            "meta", "rows", "end_to_end"}:
+        raise ValueError(f"{path}: not a result of layernorm bench --peers")
+    return result
 
 
 def doc_section(result: dict) -> str:
