@@ -8,6 +8,7 @@ caller's dtypes. The caller's arrays are never written; ``out=`` arrays must not
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numba
@@ -103,9 +104,15 @@ class CpuNormCache:
 _BITS = {"float16": np.uint16, "bfloat16": np.int16}  # half dtypes travel as their bits
 
 
+@functools.cache
+def _name(dtype: np.dtype) -> str:
+    """``dtype.name``, which NumPy forms anew on every access (microseconds a call)."""
+    return dtype.name
+
+
 def _storage(a: np.ndarray) -> np.ndarray:
     """C-contiguous ``a`` as the kernels read it: float16/bfloat16 viewed as their bits."""
-    bits = _BITS.get(a.dtype.name)
+    bits = _BITS.get(_name(a.dtype))
     return a if bits is None else a.view(bits)
 
 
@@ -182,8 +189,9 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
     stats = np.empty((m, NSTATS))  # (M, NSTATS) float64
     check = np.empty(m if checksum else 0, np.uint64)  # (M,), or (0,) without checksums
     y2 = _storage(y).reshape(m, d)
-    key = entry.forward_key(x2.dtype.name, r2.dtype.name if norm.residual else None,
-                            h2.dtype.name if norm.residual else None, cdt.name, zp.dtype.name)
+    key = entry.forward_key(_name(x2.dtype), _name(r2.dtype) if norm.residual else None,
+                            _name(h2.dtype) if norm.residual else None, _name(cdt),
+                            _name(zp.dtype))
     flags = (kernels.CENTRED if norm.centred else 0) | (kernels.CHECKSUM if checksum else 0)
     if m:
         entry.run(entry.ctypes_fn(key),
@@ -240,9 +248,10 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     mc = cache.check.shape[0]  # rows to verify: M, or 0 for a forward without checksums
     ok = np.ones(mc, np.bool_)  # (M,) or (0,)
     dy2 = dy2.reshape(m, d)
-    key = entry.backward_key(cache.x.dtype.name, dy2.dtype.name,
-                             None if dh is None else dh2.dtype.name, dx2.dtype.name,
-                             None if dres is None else dres2.dtype.name, cdt.name, adt.name)
+    key = entry.backward_key(_name(cache.x.dtype), _name(dy2.dtype),
+                             None if dh is None else _name(dh2.dtype), _name(dx2.dtype),
+                             None if dres is None else _name(dres2.dtype), _name(cdt),
+                             _name(adt))
     sums = np.zeros((2, d))  # (2, D) float64: dgamma, dbeta
     if m:
         entry.run(entry.ctypes_fn(key),
