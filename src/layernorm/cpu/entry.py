@@ -139,9 +139,12 @@ def address(key: str) -> int:
 
 # --- the rows over threads ----------------------------------------------------------------
 
-# Work below this many elements runs on the calling thread: a row of 4096 float32 takes about
-# a microsecond, waking a thread tens of them.
-SERIAL_ELEMENTS = 1 << 16
+# Work below this many elements runs on the calling thread. Through this module's pool (the
+# NumPy API) a second thread costs tens of microseconds, a row of 4096 float32 about half a
+# microsecond of arithmetic; torch's OpenMP threads, which the C++ operator uses, are woken in
+# a few microseconds (eight rows of 4096 took 8.5 us split over 2 threads, 9.8 us on one).
+SERIAL_ELEMENTS = 1 << 18
+OPENMP_SERIAL_ELEMENTS = 1 << 14
 
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = -1

@@ -82,9 +82,9 @@ def load() -> bool:
                       RuntimeWarning, stacklevel=2)
         return False
     address = ctypes.cast(_callback, ctypes.c_void_p).value
-    torch.ops.layernorm_cpu._setup(address, entry.SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
-                                   kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED,
-                                   kernels.ZERO_CENTERED, pool_bytes())
+    torch.ops.layernorm_cpu._setup(address, entry.OPENMP_SERIAL_ELEMENTS,
+                                   kernels.ROWS_PER_CHUNK, kernels.MAX_CHUNKS, kernels.NSTATS,
+                                   kernels.CENTRED, kernels.ZERO_CENTERED, pool_bytes())
     return True
 
 

@@ -43,7 +43,7 @@ using BackwardFn = void (*)(const void* x, const void* dy, const void* dh, void*
 using ReduceFn = void (*)(const double* partial, double* out, int64_t c, int64_t d);
 using ResolveFn = int64_t (*)(const char* request);
 
-// Set by _setup from layernorm.cpu (entry.SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
+// Set by _setup from layernorm.cpu (entry.OPENMP_SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
 // kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED, kernels.ZERO_CENTERED); the pool's
 // cap below.
 struct Config {
