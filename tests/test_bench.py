@@ -561,7 +561,7 @@ def test_report_section_without_matplotlib_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(providers, "available", lambda norm="layer_norm": ["numpy"])
     monkeypatch.setattr(command, "REPORT_SHAPES", ((2, 32),))
     text = command.report_section(ReportContext(outdir=tmp_path, quick=True)).body
-    assert "(matplotlib is not installed: no bandwidth plot.)" in text and "| 2x32 |" in text
+    assert "(matplotlib is not installed: no plot.)" in text and "| 2x32 |" in text
     assert "straddles LLC" in text and "<details>" in text
     assert not (tmp_path / "bench_cpu_bandwidth.png").exists()
     assert results.load(tmp_path / "bench_cpu.json")["rows"]

@@ -189,6 +189,24 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _plot(make, rows: list[dict], path: Path, alt: str) -> str:
+    """A Markdown image of ``make(rows, path)``, or a line saying why there is none."""
+    try:
+        return f"![{alt}]({make(rows, path).name})"
+    except ImportError:
+        return "(matplotlib is not installed: no plot.)"
+
+
+def _end_to_end(result: dict, rounds: int, threads: int) -> dict | None:
+    """The Llama-shaped model's run, also stored in ``result``; None without transformers."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return None
+    result["end_to_end"] = peers.llama_end_to_end(rounds, threads)
+    return result["end_to_end"]
+
+
 def peer_cases(norms: list[str], dtypes: list[str], threads: list[int]) -> list[peers.Case]:
     """The grid, threads outermost (torch.compile recompiles when the thread count changes)."""
     return [peers.Case(n, s, d, m, t) for t in threads for n in norms for s in peers.SHAPES
@@ -226,13 +244,10 @@ def run_peers(args: argparse.Namespace) -> int:
           f"over a peer is its time over ours (p50: p20-p80 of per-round ratios)\n")
     print(peers.table(result["rows"]))
     print("\n" + "\n".join(f"- {line}" for line in peers.summary(result["rows"])))
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
+    e2e = _end_to_end(result, rounds, max(threads))
+    if e2e is None:
         print(f"{PROG}: end to end left out: transformers is not installed", file=sys.stderr)
     else:
-        e2e = peers.llama_end_to_end(rounds, max(threads))
-        result["end_to_end"] = e2e
         print("\n" + peers.format_end_to_end(e2e))
     name = "cpu-peers-full.json" if args.full else "cpu-peers.json"
     out = results.save(result, args.out or Path("bench/results") / name)
@@ -250,24 +265,13 @@ def peers_report_section(ctx: object) -> Section:
     result = peers.run(cases, 3 if ctx.quick else peers.ROUNDS, progress)
     progress.done()
     rows = result["rows"]
-    results.save(result, ctx.outdir / "bench_peers.json")
-    try:
-        png = peers.plot(rows, ctx.outdir / "bench_peers.png")
-        plot = f"![ours against the best peer]({png.name})"
-    except ImportError:
-        plot = "(matplotlib is not installed: no plot.)"
-    found = result["meta"]["peers"]
-    left = [f"`{k}` ({v})" for k, v in found.items() if v is not None]
+    plot = _plot(peers.plot, rows, ctx.outdir / "bench_peers.png", "ours against the best peer")
+    left = [f"`{k}` ({v})" for k, v in result["meta"]["peers"].items() if v is not None]
     heads = peers.summary(rows)
-    e2e_text = ""
-    try:
-        e2e = peers.llama_end_to_end(3 if ctx.quick else peers.ROUNDS,
-                                     min(2, os.cpu_count() or 1))
-    except ImportError:
-        e2e_text = "End to end: transformers is not installed.\n\n"
-    else:
-        result["end_to_end"] = e2e
-        results.save(result, ctx.outdir / "bench_peers.json")
+    e2e = _end_to_end(result, 3 if ctx.quick else peers.ROUNDS, min(2, os.cpu_count() or 1))
+    results.save(result, ctx.outdir / "bench_peers.json")
+    e2e_text = "End to end: transformers is not installed.\n\n"
+    if e2e is not None:
         heads.append("end to end (Llama-shaped): " + "; ".join(
             f"{task} {peers.end_to_end_verdict(task, e2e[task]['speedup'])} "
             f"({e2e[task]['speedup'][0]:.2f}x)" for task in ("train step", "generate")))
@@ -337,11 +341,8 @@ def report_section(ctx: object) -> Section:
     latency = first_call_latency() if "fused" in backends else None
     result["meta"]["first_call"] = latency
     results.save(result, ctx.outdir / "bench_cpu.json")
-    try:
-        png = results.plot_bandwidth(rows, ctx.outdir / "bench_cpu_bandwidth.png")
-        plot = f"![bandwidth]({png.name})"
-    except ImportError:
-        plot = "(matplotlib is not installed: no bandwidth plot.)"
+    plot = _plot(results.plot_bandwidth, rows, ctx.outdir / "bench_cpu_bandwidth.png",
+                 "bandwidth")
     left_out = [f"`{b}` ({providers.why_not('layer_norm', b)})"
                 for b in providers.BACKENDS if b not in backends]
     api = results.torch_table(rows, markdown=True)
