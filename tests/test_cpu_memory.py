@@ -4,6 +4,7 @@ the forward's checksum is an option."""
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -67,3 +68,27 @@ def test_checksum_is_an_option():
     lnc.layer_norm_backward(dy, cache_off)  # unseen: the documented cost of the option
     with pytest.raises(TypeError, match="checksum must be True or False"):
         lnc.rms_norm_forward(x, checksum=1)
+
+
+def test_a_forked_child_writes_its_own_copy():
+    """Protects the pool's blocks across fork: they are private memory, so a child that writes
+    into an output it inherited, or takes a pooled block for its own output, leaves the
+    parent's arrays as they were."""
+    if not hasattr(os, "fork") or memory.CAP_BYTES == 0:
+        pytest.skip("needs fork and the pool")
+    x = np.random.default_rng(2).standard_normal((512, 1024)).astype(np.float32)
+    y, _ = lnc.rms_norm_forward(x)
+    want = y.copy()
+    freed, _ = lnc.rms_norm_forward(x)
+    del freed
+    gc.collect()  # a block in the pool, which the child will take
+    pid = os.fork()
+    if pid == 0:  # the child: write into y, and take the pooled block for a new output
+        y[:] = 7.0
+        lnc.rms_norm_forward(x * 3)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    assert np.array_equal(y, want)
+    again, _ = lnc.rms_norm_forward(x)  # the parent's pooled block, untouched by the child
+    assert np.array_equal(again, want)

@@ -53,6 +53,8 @@ _RESULTS = textwrap.dedent("""
     ok = (torch.autograd.gradgradcheck(lambda x, w: lt.layer_norm(x, 6, w), (x, w))
           and torch.autograd.gradgradcheck(lambda x, r, w: lt.add_rms_norm(x, r, 6, w),
                                            (x, r, w)))
+    x3 = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(_ops.fwd, (x3, None, w, None, 1e-5, True, False, None))
     print(_ops.NATIVE, ok, " ".join(out))
 """)
 
@@ -68,7 +70,8 @@ def test_the_python_path_gives_the_cpp_operators_bits():
     (LAYERNORM_NO_CPP=1) the ops' CPU kernels and autograd are registered from Python, and
     every result of the family, forward, backward and inference, has the same bits as through
     the C++ operator (the same compiled kernels, rows split differently over threads); double
-    backward passes gradgradcheck through both autograd implementations."""
+    backward passes gradgradcheck through both autograd implementations, and opcheck passes
+    on a 3-D input through both."""
     native = _run(_RESULTS)
     python = _run(_RESULTS, LAYERNORM_NO_CPP="1")
     assert native.returncode == 0 and python.returncode == 0, native.stderr + python.stderr
@@ -257,3 +260,24 @@ def test_every_norm_dtype_pair_is_served():
         grads = torch.autograd.grad(sum(o.float().sum() for o in outs),
                                     (x, r) if n.residual else (x,))
         assert all(torch.isfinite(gr).all() for gr in grads)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x, w: _ops.fwd(x, None, w[:2], None, 1e-5, True, False, None), "weight must have"),
+    (lambda x, w: _ops.norm(x, x[:1], w, None, 1e-5, True, False, None), "residual must have"),
+    (lambda x, w: _ops.bwd(x, None, x, w, None, torch.zeros(1, kernels.NSTATS,
+                                                            dtype=torch.float64),
+                           torch.zeros(4, 0, dtype=torch.int64), True, False, None, None),
+     "stats0 must be"),
+    (lambda x, w: _ops.bwd(x[:2], None, x, w, None, torch.zeros(4, kernels.NSTATS,
+                                                               dtype=torch.float64),
+                           torch.zeros(4, 0, dtype=torch.int64), True, False, None, None),
+     "dy must have"),
+])
+def test_a_direct_op_call_with_wrong_shapes_is_refused(call, message):
+    """Protects memory safety below the public functions: an op called directly with a
+    parameter, residual, gradient or statistics of the wrong shape raises ValueError instead
+    of reading or writing out of bounds."""
+    x, w = torch.randn(4, 8), torch.randn(8)
+    with pytest.raises(ValueError, match=message):
+        call(x, w)

@@ -151,6 +151,14 @@ _pool_pid = -1
 _pool_lock = threading.Lock()
 
 
+def _after_fork() -> None:  # a lock held by another thread at fork stays held in the child
+    global _pool_lock, _compile_lock
+    _pool_lock, _compile_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def _executor() -> ThreadPoolExecutor:
     """This process's pool (a forked child makes its own: the parent's threads are not in it)."""
     global _pool, _pool_pid
@@ -176,9 +184,11 @@ def run(fn: Callable[..., None], args: Sequence[object], n: int, elements: int,
     releases the GIL, so the ranges run at once."""
     parts = split(n, elements, threads)
     futures: list[Future] = [_executor().submit(fn, *args, lo, hi) for lo, hi in parts[1:]]
-    fn(*args, *parts[0])
-    for f in futures:
-        f.result()
+    try:
+        fn(*args, *parts[0])
+    finally:  # the other parts write the caller's arrays: never return before they are done
+        for f in futures:
+            f.result()
 
 
 def pointer(a: np.ndarray) -> int:

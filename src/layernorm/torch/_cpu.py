@@ -43,6 +43,19 @@ def _in(t: Tensor, cdt: torch.dtype) -> Tensor:
     return t.contiguous() if compute_dtype(t.dtype) == cdt else t.to(cdt).contiguous()
 
 
+def _check(t: Tensor | None, name: str, shape: tuple[int, ...] | int | None) -> None:
+    """As the C++ operator checks a direct call: a CPU tensor of ``shape`` (or D elements)."""
+    if t is None:
+        return
+    if t.device.type != "cpu":
+        raise ValueError(f"layernorm: {name} must be a CPU tensor")
+    if isinstance(shape, int) and t.numel() != shape:
+        raise ValueError(f"layernorm: {name} must have D = {shape} elements, got shape "
+                         f"{tuple(t.shape)}")
+    if isinstance(shape, tuple) and tuple(t.shape) != shape:
+        raise ValueError(f"layernorm: {name} must have shape {shape}, got {tuple(t.shape)}")
+
+
 def _p(t: Tensor | None) -> int:
     return 0 if t is None or t.numel() == 0 else t.data_ptr()
 
@@ -56,6 +69,9 @@ def forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Ten
     d = x.shape[-1]
     m = x.numel() // d
     add = residual is not None
+    for t, name, shape in ((x, "x", None), (residual, "residual", tuple(x.shape)),
+                           (weight, "weight", d), (bias, "bias", d)):
+        _check(t, name, shape)
     h_dtype = x.dtype if h_dtype is None else h_dtype
     cdt = compute_dtype(h_dtype if add else x.dtype)
     x = x.contiguous()
@@ -99,6 +115,10 @@ def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
     d = xn.shape[-1]
     m = xn.numel() // d
     add = residual_dtype is not None
+    for t, name, shape in ((xn, "xn", None), (dy, "dy", tuple(xn.shape)),
+                           (dh, "dh", tuple(xn.shape)), (weight, "weight", d), (bias, "bias", d),
+                           (stats, "stats0", (m, NSTATS))):
+        _check(t, name, shape)
     xn = xn.contiguous()
     stats = stats.contiguous()
     cdt = compute_dtype(xn.dtype)

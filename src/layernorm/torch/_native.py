@@ -8,7 +8,8 @@ it in well under a second. The arithmetic stays in the Numba kernels: the operat
 compiled kernels of :mod:`layernorm.cpu.entry` by address.
 
 Large outputs (1 MiB and more) come from a pool of blocks whose tensors were freed, so that a
-call does not pay the first touch of fresh pages (:func:`pool_bytes` caps it).
+call does not pay the first touch of fresh pages (:func:`layernorm.cpu.memory.pool_cap` caps
+it).
 
 Where it cannot be built (no compiler, no ninja, or ``LAYERNORM_NO_CPP=1``), :func:`load`
 says so in one warning and returns None, and the CPU kernels are registered from Python
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..cpu import entry, kernels
+from ..cpu import entry, kernels, memory
 
 __all__ = ["load"]
 
@@ -84,22 +85,5 @@ def load() -> bool:
     address = ctypes.cast(_callback, ctypes.c_void_p).value
     torch.ops.layernorm_cpu._setup(address, entry.OPENMP_SERIAL_ELEMENTS,
                                    kernels.ROWS_PER_CHUNK, kernels.MAX_CHUNKS, kernels.NSTATS,
-                                   kernels.CENTRED, kernels.ZERO_CENTERED, pool_bytes())
+                                   kernels.CENTRED, kernels.ZERO_CENTERED, memory.pool_cap())
     return True
-
-
-def pool_bytes() -> int:
-    """The most bytes of freed outputs the operator keeps for reuse: ``LAYERNORM_POOL_MB``
-    (0 turns the pool off), else an eighth of the machine's memory, at most 1 GiB."""
-    value = os.environ.get("LAYERNORM_POOL_MB")
-    if value is not None:
-        try:
-            return max(0, int(value)) << 20
-        except ValueError:
-            warnings.warn(f"LAYERNORM_POOL_MB must be a whole number of MiB, got {value!r}: "
-                          f"the default is used", RuntimeWarning, stacklevel=3)
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        memory = 8 << 30
-    return min(1 << 30, memory // 8)

@@ -110,7 +110,7 @@ for _name, _fn in (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_tr
 def _fwd_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
     y, h, stats = _cpu.forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
                                h_dtype, True)
-    return y, h, stats, x.new_empty((x.shape[0], 0), dtype=torch.int64)
+    return y, h, stats, x.new_empty((stats.shape[0], 0), dtype=torch.int64)
 
 
 def _norm_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
@@ -239,6 +239,7 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.save_for_backward(h if add else x, weight, bias, s0, s1)
     ctx.flags = (eps, centred, zero_centered_gamma, x.dtype,
                  (residual.dtype if add else None))
+    ctx.mark_non_differentiable(s0, s1)
     ctx.set_materialize_grads(False)  # an unused y or h costs nothing in the backward
 
 

@@ -12,6 +12,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -218,6 +219,32 @@ int64_t pool_bytes() {
   return static_cast<int64_t>(g_pool_bytes);
 }
 
+// A mutex held by another thread at fork stays held in the child: the child starts afresh.
+void reset_after_fork() {
+  new (&g_mutex) std::mutex();
+  new (&g_pool_mutex) std::mutex();
+}
+const int g_atfork = pthread_atfork(nullptr, nullptr, reset_after_fork);
+
+// The ops are called by layernorm.torch's functions, which check the caller's arguments; a
+// direct call of an op gets these checks, so that no shape reads or writes out of bounds.
+void check_cpu(const Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "layernorm: ", name, " must be a CPU tensor");
+}
+
+void check_param(const OptTensor& p, int64_t d, const char* name) {
+  if (!p.has_value()) return;
+  check_cpu(*p, name);
+  TORCH_CHECK_VALUE(p->numel() == d, "layernorm: ", name, " must have D = ", d,
+                    " elements, got shape ", p->sizes());
+}
+
+void check_like(const Tensor& t, const Tensor& like, const char* name, const char* like_name) {
+  check_cpu(t, name);
+  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), "layernorm: ", name, " must have ", like_name,
+                    "'s shape ", like.sizes(), ", got ", t.sizes());
+}
+
 // Rows per task: a task smaller than this is not worth waking a thread for.
 int64_t grain(int64_t d) {
   return std::max<int64_t>(1, (g_config.serial_elements + d - 1) / std::max<int64_t>(d, 1));
@@ -234,6 +261,10 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
               x.sizes());
   const int64_t d = x.size(-1), m = x.numel() / d;
   const bool add = residual.has_value();
+  check_cpu(x, "x");
+  if (add) check_like(*residual, x, "residual", "x");
+  check_param(weight, d, "weight");
+  check_param(bias, d, "bias");
   const ScalarType xdt = x.scalar_type(), hdt = h_dtype.value_or(xdt);
   const ScalarType cdt = compute(add ? hdt : xdt);
   const Tensor xc = x.contiguous();
@@ -300,6 +331,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
   TORCH_CHECK(xn.dim() >= 1 && xn.size(-1) >= 1, "layernorm: xn must be (..., D) with D >= 1, got ",
               xn.sizes());
   const int64_t d = xn.size(-1), m = xn.numel() / d;
+  check_cpu(xn, "xn");
+  check_like(dy, xn, "dy", "xn");
+  if (dh.has_value()) check_like(*dh, xn, "dh", "xn");
+  check_param(weight, d, "weight");
+  check_param(bias, d, "bias");
+  check_cpu(stats0, "stats0");
+  TORCH_CHECK_VALUE(stats0.dim() == 2 && stats0.size(0) == m &&
+                        stats0.size(1) == g_config.nstats &&
+                        stats0.scalar_type() == ScalarType::Double,
+                    "layernorm: stats0 must be the forward's (M, ", g_config.nstats,
+                    ") float64 statistics for M = ", m, ", got ", stats0.sizes(), " ",
+                    stats0.scalar_type());
   const ScalarType ndt = xn.scalar_type(), cdt = compute(ndt);
   const ScalarType dxdt = x_dtype.value_or(ndt);
   const bool add = residual_dtype.has_value();
