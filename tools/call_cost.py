@@ -12,7 +12,6 @@ arithmetic). docs/cpu-kernels.md quotes its output.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -21,21 +20,15 @@ import torch.nn.functional as F
 
 import layernorm.cpu as lnc
 import layernorm.torch as lt
+from layernorm.bench.harness import batch
 from layernorm.cpu import entry
 from layernorm.torch import _functional, _ops
 
 
 def per_call_us(fn: Callable[[], object], n: int = 2000, batches: int = 9) -> float:
     """Median over batches of the mean time of one call, in microseconds."""
-    for _ in range(200):
-        fn()
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        times.append((time.perf_counter() - t0) / n)
-    return float(np.median(times)) * 1e6
+    batch(fn, 200)  # warm
+    return float(np.median([batch(fn, n) for _ in range(batches)])) * 1e6
 
 
 def main() -> None:

@@ -11,22 +11,15 @@ and the ratio fresh / out= (p50, p20-p80 of per-round ratios). docs/cpu-kernels.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numba
 import numpy as np
 
 import layernorm.cpu as lnc
+from layernorm.bench.harness import batch
 from layernorm.family import NORMS
 
 SHAPES = ((4, 1024, 4096), (8192, 4096))
-
-
-def _batch(fn, reps: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps
 
 
 def main() -> None:
@@ -54,7 +47,7 @@ def main() -> None:
             times: dict[str, list[float]] = {k: [] for k in calls}
             for r in range(args.rounds):
                 for k in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
-                    times[k].append(_batch(calls[k], 5))
+                    times[k].append(batch(calls[k], 5))
             ratio = np.array(times["fresh"]) / np.array(times["out"])
             lo, mid, hi = np.percentile(ratio, [20, 50, 80])
             print(f"| {name} | {'x'.join(map(str, shape))} | "

@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -60,10 +59,10 @@ from ..dtypes import resolve
 from ..family import norm as family_norm
 from ..tolerances import compare
 from . import providers, results
-from .machine import machine_info
+from .machine import run_meta
 
-__all__ = ["PAUSE_S", "STANDARD_SHAPES", "Case", "bench_case", "check", "first_call_latency",
-           "llc_bytes", "regime", "run_bench", "set_threads", "threads"]
+__all__ = ["PAUSE_S", "STANDARD_SHAPES", "Case", "batch", "bench_case", "check",
+           "first_call_latency", "llc_bytes", "regime", "run_bench", "set_threads", "threads"]
 
 STANDARD_SHAPES: tuple[tuple[int, ...], ...] = ((8, 512, 768), (4, 1024, 4096), (1, 64, 65536))
 PAUSE_S = 0.005  # between batches: lets the previous OpenMP pool's spinning threads sleep
@@ -187,7 +186,7 @@ def _copy_op(case: Case) -> tuple[Callable[[], object], str]:
     return (lambda: copy(src, dst)), "layernorm.bench.yardstick.copy"
 
 
-def _batch(fn: Callable[[], object], reps: int) -> float:
+def batch(fn: Callable[[], object], reps: int) -> float:
     """Seconds per call over ``reps`` back-to-back calls."""
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -251,7 +250,7 @@ def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
         progress(f"{case.label}: warming up {key[0]} {key[1]}")
         fn()  # compiles, faults the pages in
         # the fastest of three calls: one call slowed by another process would set too few
-        once = min(_batch(fn, 1) for _ in range(3))
+        once = min(batch(fn, 1) for _ in range(3))
         reps[key] = max(1, min(10_000, round(target / max(once, 1e-7))))
     keys = list(pairs)
     times: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
@@ -261,7 +260,7 @@ def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
         for key in order:
             progress(f"{case.label}: round {r + 1}/{rounds} {key[0]} {key[1]}")
             time.sleep(PAUSE_S)
-            times[key].append(_batch(pairs[key], reps[key]))
+            times[key].append(batch(pairs[key], reps[key]))
     wall, cpu1 = time.perf_counter() - wall0, _cpu_seconds()
     other = (None if cpu0 is None or cpu1 is None
              else max(0.0, (cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1])) / wall)
@@ -312,16 +311,7 @@ def run_bench(cases: list[Case], backends: list[str], rounds: int, quick: bool,
     """Benchmark every case; returns ``{"meta": ..., "rows": [...]}`` (rows as bench_case).
     ``progress`` receives a status message before each step."""
     progress = progress or (lambda msg: None)
-    meta = {
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": platform.node(),
-        "command": " ".join(["layernorm", *sys.argv[1:]]),
-        "threads": threads(),
-        "llc_bytes": llc_bytes(),
-        "machine": machine_info(),
-        # other processes share the cores: the 1-minute load average before and after
-        "loadavg": [os.getloadavg()[0]],
-    }
+    meta = {**run_meta(), "threads": threads(), "llc_bytes": llc_bytes()}
     rows = []
     for case in cases:
         for row in bench_case(case, backends, rounds, quick, progress):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib
 import os
 import platform
+import sys
+import time
 from pathlib import Path
 
-__all__ = ["machine_info"]
+__all__ = ["machine_info", "run_meta"]
 
 
 def _cpu_name() -> str:
@@ -37,3 +39,16 @@ def machine_info() -> dict[str, str]:
         except ImportError:
             info[mod] = "not installed"
     return info
+
+
+def run_meta() -> dict:
+    """What every benchmark run records beside its rows: when, where, the command, the machine
+    and versions, and the 1-minute load average (other processes share the cores), to which the
+    run appends the load average at its end."""
+    return {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "command": " ".join(["layernorm", *sys.argv[1:]]),
+        "machine": machine_info(),
+        "loadavg": [os.getloadavg()[0]],
+    }

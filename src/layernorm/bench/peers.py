@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,8 +43,9 @@ import numpy as np
 
 from .._table import render
 from ..family import norm as family_norm
-from . import results
-from .machine import machine_info
+from . import providers, results
+from .harness import batch
+from .machine import run_meta
 
 __all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "LLAMA", "MODES", "PEERS",
            "ROUNDS", "SHAPES", "STEADY", "Absent", "Case", "available_peers",
@@ -98,8 +97,9 @@ class Case:
 
 
 def _inputs(case: Case):
-    """The case's tensors, float32 drawn then rounded to the dtype: x, residual, weight, bias
-    (those the norm takes), dy and dh (the cotangents of training)."""
+    """The case's tensors, float32 drawn then rounded to the dtype: x, residual, gamma, beta
+    (those the norm takes, named as in :mod:`layernorm.family`), dy and dh (the cotangents of
+    training)."""
     import torch
 
     n = family_norm(case.norm)
@@ -110,69 +110,38 @@ def _inputs(case: Case):
     def draw(*shape):
         return torch.randn(*shape, generator=g).to(dt)
 
-    t = {"x": draw(*case.dims), "weight": 1 + 0.1 * draw(d)}
+    t = {"x": draw(*case.dims), "gamma": 1 + 0.1 * draw(d)}
     if n.residual:
         t["residual"] = draw(*case.dims)
     if n.centred:
-        t["bias"] = 0.1 * draw(d)
+        t["beta"] = 0.1 * draw(d)
     t["dy"] = draw(*case.dims)
     if n.residual:
         t["dh"] = draw(*case.dims)
     return t
 
 
-def _eager(norm: str, d: int, eps: float) -> Callable:
-    """PyTorch's own composition of the norm: returns (y,) or (y, h)."""
-    import torch.nn.functional as F
-
-    n = family_norm(norm)
-
-    def forward(x, residual, weight, bias):
-        h = x + residual if n.residual else x
-        y = (F.layer_norm(h, (d,), weight, bias, eps) if n.centred
-             else F.rms_norm(h, (d,), weight, eps))
-        return (y, h) if n.residual else (y,)
-
-    return forward
-
-
-def _ours(norm: str, d: int, eps: float) -> Callable:
-    import layernorm.torch as lt
-
-    n = family_norm(norm)
-    fn = getattr(lt, norm)
-
-    def forward(x, residual, weight, bias):
-        data = (x, residual) if n.residual else (x,)
-        params = (weight, bias) if n.centred else (weight,)
-        out = fn(*data, (d,), *params, eps)
-        return out if n.residual else (out,)
-
-    return forward
-
-
 def _torch_call(forward: Callable, case: Case, t: dict) -> tuple[Callable, Callable]:
-    """(call, results) of a torch-side ``forward`` in the case's mode: results are the outputs
-    (y, h) and in training the gradients of x, residual, weight, bias."""
+    """(call, results) of a torch-side ``forward`` (as :func:`layernorm.bench.providers.eager`:
+    the norm's inputs, then its parameters) in the case's mode: results are the outputs (y, h)
+    and in training the gradients of the inputs and parameters."""
     import torch
 
-    names = [k for k in ("x", "residual", "weight", "bias") if k in t]
     n = family_norm(case.norm)
+    names = (*n.forward_inputs, *n.params)
     if case.mode == "inference":
-        args = [t.get(k) for k in ("x", "residual", "weight", "bias")]
+        args = [t[k] for k in names]
 
         def call():
             return forward(*args)
 
         return call, call
-    leaves = {k: t[k].detach().clone().requires_grad_(True) for k in names}
-    args = [leaves.get(k) for k in ("x", "residual", "weight", "bias")]
+    leaves = [t[k].detach().clone().requires_grad_(True) for k in names]
     cot = [t["dy"], t["dh"]] if n.residual else [t["dy"]]
-    inputs = [leaves[k] for k in names]
 
     def call():
-        outs = forward(*args)
-        return (*outs, *torch.autograd.grad(outs, inputs, cot))
+        outs = forward(*leaves)
+        return (*outs, *torch.autograd.grad(outs, leaves, cot))
 
     return call, call
 
@@ -188,9 +157,9 @@ def _onnx_model(case: Case, eps: float):
     ins = [helper.make_tensor_value_info("x", elem, dims)]
     if n.residual:
         ins.append(helper.make_tensor_value_info("residual", elem, dims))
-    ins.append(helper.make_tensor_value_info("weight", elem, [d]))
+    ins.append(helper.make_tensor_value_info("gamma", elem, [d]))
     if n.centred:
-        ins.append(helper.make_tensor_value_info("bias", elem, [d]))
+        ins.append(helper.make_tensor_value_info("beta", elem, [d]))
     outs = [helper.make_tensor_value_info("y", elem, dims)]
     if n.residual:
         outs.append(helper.make_tensor_value_info("h", elem, dims))
@@ -257,14 +226,15 @@ def _setup(impl: str, case: Case, t: dict) -> tuple[Callable, Callable, float | 
     eps = family_norm(case.norm).eps
     d = case.dims[-1]
     if impl == "layernorm":
-        return (*_torch_call(_ours(case.norm, d, eps), case, t), None)
+        return (*_torch_call(providers.ours(case.norm, d, eps), case, t), None)
     if impl == "torch":
-        return (*_torch_call(_eager(case.norm, d, eps), case, t), None)
+        return (*_torch_call(providers.eager(case.norm, d, eps), case, t), None)
     if impl == "torch.compile":
         import torch
 
         torch._dynamo.reset()  # each case compiles afresh: no recompile limit across cases
-        compiled = torch.compile(_eager(case.norm, d, eps), dynamic=False, fullgraph=True)
+        compiled = torch.compile(providers.eager(case.norm, d, eps), dynamic=False,
+                                 fullgraph=True)
         call, res = _torch_call(compiled, case, t)
         t0 = time.perf_counter()
         try:
@@ -301,13 +271,6 @@ def _max_diff(ours: tuple, theirs: tuple) -> float:
     return worst
 
 
-def _batch(fn: Callable, reps: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps
-
-
 def measure(case: Case, rounds: int, impls: tuple[str, ...] = IMPLS) -> dict:
     """One case: its row (see the module doc) with per provider p50/p20/p80 ms, the compile
     time, the largest difference from ours, or why it is absent; and ours over each peer."""
@@ -337,14 +300,14 @@ def measure(case: Case, rounds: int, impls: tuple[str, ...] = IMPLS) -> dict:
         reps = {}
         for impl, fn in calls.items():
             fn()
-            once = min(_batch(fn, 1) for _ in range(3))
+            once = min(batch(fn, 1) for _ in range(3))
             reps[impl] = max(1, min(20_000, round(TARGET_S / max(once, 1e-7))))
         times: dict[str, list[float]] = {k: [] for k in calls}
         keys = list(calls)
         for r in range(rounds):
             for impl in keys[r % len(keys):] + keys[:r % len(keys)]:
                 time.sleep(PAUSE_S)
-                times[impl].append(_batch(calls[impl], reps[impl]))
+                times[impl].append(batch(calls[impl], reps[impl]))
     for impl, ts in times.items():
         p20, p50, p80 = np.percentile(ts, [20, 50, 80])
         row["providers"][impl].update(p20_ms=p20 * 1e3, p50_ms=p50 * 1e3, p80_ms=p80 * 1e3,
@@ -394,15 +357,7 @@ def run(cases: list[Case], rounds: int, progress: Callable[[str], None] | None =
         impls: tuple[str, ...] = IMPLS) -> dict:
     """Every case, in order; ``{"meta": ..., "rows": [...]}``."""
     progress = progress or (lambda msg: None)
-    meta = {
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": platform.node(),
-        "command": " ".join(["layernorm", *sys.argv[1:]]),
-        "machine": machine_info(),
-        "rounds": rounds,
-        "peers": available_peers(),
-        "loadavg": [os.getloadavg()[0]],
-    }
+    meta = {**run_meta(), "rounds": rounds, "peers": available_peers()}
     try:
         import onnxruntime
 
@@ -540,13 +495,13 @@ def llama_end_to_end(rounds: int = ROUNDS, threads: int | None = None) -> dict:
     ours = copy.deepcopy(theirs)
     swapped = lt.replace_norms(ours)
     g = torch.Generator().manual_seed(1)
-    batch = torch.randint(0, cfg.vocab_size, TRAIN_BATCH, generator=g)
+    tokens = torch.randint(0, cfg.vocab_size, TRAIN_BATCH, generator=g)
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g)
 
     def train(model):
         def step():
             model.zero_grad(set_to_none=True)
-            model(input_ids=batch, labels=batch).loss.backward()
+            model(input_ids=tokens, labels=tokens).loss.backward()
         return step
 
     def generate(model):
@@ -557,7 +512,7 @@ def llama_end_to_end(rounds: int = ROUNDS, threads: int | None = None) -> dict:
         return run
 
     with torch.no_grad():
-        logit_diff = float((ours(batch).logits - theirs(batch).logits).abs().max())
+        logit_diff = float((ours(tokens).logits - theirs(tokens).logits).abs().max())
     same_tokens = bool(torch.equal(generate(ours)(), generate(theirs)()))
     out: dict = {"config": LLAMA, "train_batch": list(TRAIN_BATCH), "prompt": PROMPT,
                  "new_tokens": NEW_TOKENS, "norms_swapped": swapped,
@@ -571,7 +526,7 @@ def llama_end_to_end(rounds: int = ROUNDS, threads: int | None = None) -> dict:
         for r in range(rounds):
             for k in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
                 time.sleep(PAUSE_S)
-                times[k].append(_batch(calls[k], 1))
+                times[k].append(batch(calls[k], 1))
         ratio = np.array(times["torch"]) / np.array(times["layernorm"])
         out[task] = {k: [float(q) * 1e3 for q in np.percentile(v, [50, 20, 80])]
                      for k, v in times.items()}

@@ -35,8 +35,8 @@ from ..dtypes import resolve
 from ..family import NORMS
 from ..family import norm as family_norm
 
-__all__ = ["BACKENDS", "OPS", "PROVIDERS", "Provider", "available", "inputs", "norms",
-           "outputs", "quantity", "reference", "why_not"]
+__all__ = ["BACKENDS", "OPS", "PROVIDERS", "Provider", "available", "eager", "inputs", "norms",
+           "ours", "outputs", "quantity", "reference", "why_not"]
 
 BACKENDS = ("numpy", "fused", "layernorm.torch", "torch", "torch.compile")
 OPS = ("fwd", "bwd", "fwd+bwd")
@@ -129,7 +129,7 @@ def _from_torch(t) -> np.ndarray:
     return t.numpy()
 
 
-def _eager(norm: str, d: int, eps: float) -> Callable:
+def eager(norm: str, d: int, eps: float) -> Callable:
     """PyTorch's own composition of ``norm`` on (..., ``d``) tensors: ``F.layer_norm`` or
     ``F.rms_norm``, after ``h = x + residual`` for an add-norm. Takes the forward's arguments
     (inputs, then parameters); returns (y,) or (y, h)."""
@@ -150,8 +150,8 @@ def _eager(norm: str, d: int, eps: float) -> Callable:
     return forward
 
 
-def _ours(norm: str, d: int, eps: float) -> Callable:
-    """``norm`` through :mod:`layernorm.torch`, with :func:`_eager`'s arguments and results."""
+def ours(norm: str, d: int, eps: float) -> Callable:
+    """``norm`` through :mod:`layernorm.torch`, with :func:`eager`'s arguments and results."""
     import layernorm.torch as lt
 
     n = family_norm(norm)
@@ -166,7 +166,7 @@ def _ours(norm: str, d: int, eps: float) -> Callable:
 
 
 def _compiled(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
-    """:func:`_eager` under ``torch.compile`` (inductor), whole graph, static shapes, compiled
+    """:func:`eager` under ``torch.compile`` (inductor), whole graph, static shapes, compiled
     here for the case's shape and dtype (the forward now, the backward at its first call).
 
     ``bwd`` runs the backward again and again on one kept graph (``retain_graph``), which a
@@ -177,10 +177,10 @@ def _compiled(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
     import torch
 
     # A fresh start per case: dynamo caches compiled code per code object, so the cases would
-    # otherwise share _eager's cache, recompile up to its limit and then run eager.
+    # otherwise share eager's cache, recompile up to its limit and then run eager.
     torch._dynamo.reset()
     ops, results = _autograd(
-        lambda *args: torch.compile(_eager(*args), fullgraph=True, dynamic=False), norm, a)
+        lambda *args: torch.compile(eager(*args), fullgraph=True, dynamic=False), norm, a)
     bwd = ops["bwd"]
 
     def bwd_on_kept_graph():
@@ -192,7 +192,7 @@ def _compiled(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
 
 
 def _autograd(make: Callable, norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
-    """The ops of a torch function of ``norm`` (``make(norm, d, eps)``, as :func:`_eager`)
+    """The ops of a torch function of ``norm`` (``make(norm, d, eps)``, as :func:`eager`)
     with autograd: the inputs and parameters are leaves that require grad, the cotangents are
     dy (and dh for an add-norm); ``bwd`` differentiates one kept graph."""
     import torch
@@ -248,8 +248,8 @@ def _compile_probe() -> str | None:
 _BACKEND_SETUP = {
     "numpy": ("numpy", _numpy, None),
     "fused": ("numba", _fused, None),
-    "layernorm.torch": ("layernorm.torch", functools.partial(_autograd, _ours), None),
-    "torch": ("torch", functools.partial(_autograd, _eager), None),
+    "layernorm.torch": ("layernorm.torch", functools.partial(_autograd, ours), None),
+    "torch": ("torch", functools.partial(_autograd, eager), None),
     "torch.compile": ("torch", _compiled, _compile_probe),
 }
 

@@ -30,6 +30,7 @@ from ..dtypes import compute_dtype, widest_compute_dtype
 from ..family import NORMS, Norm
 from ..reference import form_scale
 from . import entry, kernels, memory
+from .entry import pointer
 from .kernels import HI, LO, NSTATS, RSTD, SCALE
 
 __all__ = [
@@ -130,11 +131,6 @@ def _none(m: int, dtype: np.dtype) -> np.ndarray:
     return np.empty((m, 0), dtype)
 
 
-def _ptr(a: np.ndarray) -> int:
-    """The address of ``a``'s memory (0 for an empty array, which the kernels never index)."""
-    return a.ctypes.data if a.size else 0
-
-
 def threads() -> int:
     """The threads a call of the NumPy API may use: Numba's setting for the calling thread,
     ``numba.set_num_threads`` (by default the machine's cores). The kernels run on a pool of
@@ -195,9 +191,9 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
     flags = (kernels.CENTRED if norm.centred else 0) | (kernels.CHECKSUM if checksum else 0)
     if m:
         entry.run(entry.ctypes_fn(key),
-                  (_ptr(x2), _ptr(r2), _ptr(h2), _ptr(y2), 0, 0, _ptr(scale), _ptr(beta_c),
-                   eps, flags, _ptr(stats), _ptr(check), m, d, r2.shape[1], d, d, m,
-                   check.shape[0]),
+                  (pointer(x2), pointer(r2), pointer(h2), pointer(y2), 0, 0, pointer(scale),
+                   pointer(beta_c), eps, flags, pointer(stats), pointer(check), m, d,
+                   r2.shape[1], d, d, m, check.shape[0]),
                   m, m * d, threads())
     cache = CpuNormCache(
         norm=norm, x=h2 if norm.residual else x2, stats=stats, check=check, scale=scale,
@@ -255,12 +251,12 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     sums = np.zeros((2, d))  # (2, D) float64: dgamma, dbeta
     if m:
         entry.run(entry.ctypes_fn(key),
-                  (_ptr(cache.x), _ptr(dy2), _ptr(dh2), _ptr(dx2), _ptr(dres2), 0,
-                   _ptr(cache.scale), _ptr(cache.stats), _ptr(cache.check),
-                   kernels.CENTRED if norm.centred else 0, _ptr(partial), _ptr(ok), m, d,
+                  (pointer(cache.x), pointer(dy2), pointer(dh2), pointer(dx2), pointer(dres2), 0,
+                   pointer(cache.scale), pointer(cache.stats), pointer(cache.check),
+                   kernels.CENTRED if norm.centred else 0, pointer(partial), pointer(ok), m, d,
                    dh2.shape[1], dres2.shape[1], mc, c),
                   c, m * d, threads())
-        entry.ctypes_fn("reduce")(_ptr(partial), _ptr(sums), c, d)
+        entry.ctypes_fn("reduce")(pointer(partial), pointer(sums), c, d)
     if not ok.all():
         what = "h (the forward's output)" if norm.residual else "x"
         raise ValueError(f"{what} changed between the forward and the backward (row "

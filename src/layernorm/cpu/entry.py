@@ -34,14 +34,15 @@ from numba import cfunc, types
 
 from . import kernels
 
-__all__ = ["address", "backward_key", "ctypes_fn", "forward_key", "resolve", "run", "split"]
+__all__ = ["address", "backward_key", "ctypes_fn", "forward_key", "pointer", "resolve", "run",
+           "split"]
 
-# storage code -> (Numba type, NumPy dtype of the stored values)
+# storage code -> the Numba type of the stored values
 _TYPES = {
-    "f32": (types.float32, np.dtype(np.float32)),
-    "f64": (types.float64, np.dtype(np.float64)),
-    "u16": (types.uint16, np.dtype(np.uint16)),  # float16 bits
-    "i16": (types.int16, np.dtype(np.int16)),  # bfloat16 bits
+    "f32": types.float32,
+    "f64": types.float64,
+    "u16": types.uint16,  # float16 bits
+    "i16": types.int16,  # bfloat16 bits
 }
 # dtype name -> storage code; the half dtypes by their own names or their bits' names
 _CODES = {"float32": "f32", "float64": "f64", "float16": "u16", "bfloat16": "i16",
@@ -94,7 +95,7 @@ def resolve(request: str) -> int:
 
 
 def _signature(kind: str, codes: dict[str, str]):
-    t = {role: _TYPES[code][0] for role, code in codes.items()}
+    t = {role: _TYPES[code] for role, code in codes.items()}
     if kind == "forward":
         return types.void(_P(t["x"]), _P(t["r"]), _P(t["h"]), _P(t["x"]), _P(t["a"]), _P(t["t"]),
                           _P(t["g"]), _P(t["b"]), types.float64, _I, _P(types.float64),
@@ -115,7 +116,7 @@ _compile_lock = threading.Lock()
 
 
 def compiled(key: str):
-    """The compiled entry point named ``key`` (see :func:`signature_key`): a Numba ``CFunc``,
+    """The compiled entry point named ``key`` (see :func:`forward_key`): a Numba ``CFunc``,
     compiled on first use in this process (from the disk cache after the first time)."""
     fn = _compiled.get(key)
     if fn is None:
@@ -192,9 +193,9 @@ def run(fn: Callable[..., None], args: Sequence[object], n: int, elements: int,
 
 
 def pointer(a: np.ndarray) -> int:
-    """The address of ``a``'s first element (a null pointer for an empty array is fine: the
-    kernels index no element of an empty array)."""
-    return a.ctypes.data
+    """The address of ``a``'s memory, 0 for an empty array (the kernels index no element of
+    one)."""
+    return a.ctypes.data if a.size else 0
 
 
 _CTYPES = {types.int64: ctypes.c_int64, types.float64: ctypes.c_double,

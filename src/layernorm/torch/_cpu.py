@@ -4,7 +4,7 @@ The same compiled kernels as the C++ operator (:mod:`layernorm.cpu.entry`), on t
 memory, with the same outputs; the rows are split over ``torch.get_num_threads()`` threads by
 :func:`layernorm.cpu.entry.run`. Only the cost of a call differs (a few tens of microseconds of
 Python). Statistics: ``stats`` (M, NSTATS) float64 per row; the second statistics tensor of the
-ops is empty on the CPU.
+ops is an (M, 0) placeholder on the CPU.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
     return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
-def _as_compute(p: Tensor | None, d: int, cdt: torch.dtype, fill: float,
-                plus_one: bool) -> Tensor:
-    """(D,) a parameter in the compute dtype (plus one for a zero-centred scale; ``fill``
-    where absent), read only: the parameter itself where it already is one."""
+def _scale(p: Tensor | None, d: int, cdt: torch.dtype, plus_one: bool) -> Tensor:
+    """(D,) the backward's scale in the compute dtype: weight (plus one when zero-centred), or
+    ones without it; read only: the weight itself where it already is one."""
     if p is None:
-        return torch.full((d,), fill, dtype=cdt)
+        return torch.ones(d, dtype=cdt)
     if p.dtype == cdt and not plus_one and p.is_contiguous():
         return p.detach()
     s = p.detach().to(cdt, copy=True).contiguous()
@@ -122,7 +121,7 @@ def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
     xn = xn.contiguous()
     stats = stats.contiguous()
     cdt = compute_dtype(xn.dtype)
-    scale = _as_compute(weight, d, cdt, 1.0, zero_centered_gamma)
+    scale = _scale(weight, d, cdt, zero_centered_gamma)
     dy = _in(dy, cdt)
     dx = torch.empty(xn.shape, dtype=xn.dtype if x_dtype is None else x_dtype)
     dres = xn.new_empty((0,))

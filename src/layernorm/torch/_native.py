@@ -2,7 +2,7 @@
 
 ``csrc/cpu_ops.cpp`` registers the CPU kernels of ``layernorm::fwd``, ``layernorm::bwd`` and
 ``layernorm::norm``. It is compiled with torch's ``cpp_extension`` (g++ and ninja) the first
-time ``layernorm.torch`` is imported on a machine, about half a minute, into torch's extension
+time ``layernorm.torch`` is imported on a machine (about 15 s here) into torch's extension
 cache (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``); later imports load
 it in well under a second. The arithmetic stays in the Numba kernels: the operator calls the
 compiled kernels of :mod:`layernorm.cpu.entry` by address.
@@ -12,7 +12,7 @@ call does not pay the first touch of fresh pages (:func:`layernorm.cpu.memory.po
 it).
 
 Where it cannot be built (no compiler, no ninja, or ``LAYERNORM_NO_CPP=1``), :func:`load`
-says so in one warning and returns None, and the CPU kernels are registered from Python
+says so in one warning and returns False, and the CPU kernels are registered from Python
 instead (:mod:`._cpu`): the same arithmetic, with more time per call.
 """
 
@@ -85,5 +85,5 @@ def load() -> bool:
     address = ctypes.cast(_callback, ctypes.c_void_p).value
     torch.ops.layernorm_cpu._setup(address, entry.OPENMP_SERIAL_ELEMENTS,
                                    kernels.ROWS_PER_CHUNK, kernels.MAX_CHUNKS, kernels.NSTATS,
-                                   kernels.CENTRED, kernels.ZERO_CENTERED, memory.pool_cap())
+                                   kernels.CENTRED, kernels.ZERO_CENTERED, memory.CAP_BYTES)
     return True

@@ -128,10 +128,10 @@ ScalarType widest(ScalarType a, ScalarType b, ScalarType c) {
              : ScalarType::Float;
 }
 
-// (D,) a parameter in the compute dtype, read only: the parameter itself where it already is
-// one, else a new tensor (plus one for a zero-centred scale; `fill` where it is absent).
-Tensor as_compute(const OptTensor& p, int64_t d, ScalarType cdt, double fill, bool plus_one) {
-  if (!p.has_value()) return at::full({d}, fill, at::dtype(cdt));
+// (D,) the backward's scale in the compute dtype, read only: the weight itself where it already
+// is one, else a new tensor (plus one when zero-centred; ones without a weight).
+Tensor scale_of(const OptTensor& p, int64_t d, ScalarType cdt, bool plus_one) {
+  if (!p.has_value()) return at::ones({d}, at::dtype(cdt));
   if (p->scalar_type() == cdt && !plus_one && p->is_contiguous()) return *p;
   Tensor s = p->to(cdt, /*non_blocking=*/false, /*copy=*/true).contiguous();
   return plus_one ? s.add_(1) : s;
@@ -348,7 +348,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
   const bool add = residual_dtype.has_value();
   const Tensor xc = xn.contiguous();
   const Tensor stats = stats0.contiguous();
-  const Tensor scale = as_compute(weight, d, cdt, 1.0, zero_centered_gamma);
+  const Tensor scale = scale_of(weight, d, cdt, zero_centered_gamma);
   const Tensor dyc = in_dtype(dy, cdt);
   Tensor dx = output(xn.sizes(), xn.options().dtype(dxdt));
   Tensor dres = at::empty({0}, xn.options());
