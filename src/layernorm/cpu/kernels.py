@@ -4,7 +4,7 @@ For one row of length D, T the compute dtype (float32; float64 for float64 input
 or 1 + gamma, and centred = True for LayerNorm, False for RMSNorm (then hi = lo = c = 0):
 
     forward   [add]  h_j = x_j + r_j rounded once to h's dtype; the row below is h
-              A  m0 = T(mean of SAMPLES elements spread over the row)   (centred only)
+              A  m0 = T(mean of the row's first SAMPLES elements)   (centred only)
               B  s1 = sum_j (x_j - m0), s2 = sum_j (x_j - m0)^2, c = s1 / D
                  if c^2 > RECENTRE * (s2 / D - c^2): m0 = T(m0 + c), B again
                  hi + lo = m0 + c (two T numbers), var = s2 / D - c^2, rstd = 1/sqrt(var + eps)
@@ -42,6 +42,10 @@ from numba.extending import intrinsic, overload
 
 BLOCK = 1024  # elements summed in T before the block total joins a float64 sum
 SPAN = 256  # elements of an output sweep between prefetch bursts (16 cache lines of float32)
+# The forward's output sweep prefetches the next row only for rows of at least this many bytes:
+# shorter rows are streamed in time by the hardware prefetcher, and the extra prefetches cost
+# (docs/cpu-kernels.md has the measurements).
+PREFETCH_ROW_BYTES = 16384
 LINE_BYTES = 64  # cache line; prefetches are issued one per line
 ROWS_PER_CHUNK = 32  # fewest rows in a backward chunk
 MAX_CHUNKS = 16  # most chunks: float64 partial traffic stays ~1% of the bytes for M >= 4096
@@ -203,13 +207,14 @@ def _prefetch_span(row, j0, j1):
 
 @njit(cache=True)
 def _sample_mean(row, z):
-    """T(mean of SAMPLES elements spread evenly over the row): a first guess at the mean that
-    costs no sweep (row: (D,) storage)."""
-    D = row.shape[0]
-    n = min(SAMPLES, D)
+    """T(mean of the row's first SAMPLES elements): a first guess at the mean that costs no
+    sweep, read from the row's first cache line (row: (D,) storage). Elements spread over the
+    row would be a better guess for rows with a trend, but each is a cache miss ahead of the
+    sweep, and a bad guess only costs a second sweep (:func:`_row_stats`)."""
+    n = min(SAMPLES, row.shape[0])
     s = 0.0
     for k in range(n):
-        s += np.float64(_ld(row[k * D // n]))
+        s += np.float64(_ld(row[k]))
     return _to(s / n, z)
 
 
@@ -353,11 +358,12 @@ def _write_y(xr, hi, lo, rc, scale, beta, yr, nxt, centred):
 
     Without ``centred`` (RMSNorm: hi = lo = beta = 0) the same bits as y = (x * rstd) * scale,
     which is what runs (two multiplications, no third stream). Prefetches the next row ``nxt``
-    (D,).
+    (D,) when rows are long (PREFETCH_ROW_BYTES).
     """
     D = xr.shape[0]
     nlr = -lo * rc
     yz = yr.dtype.type(0)
+    fetch = D * nxt.itemsize >= PREFETCH_ROW_BYTES
     for j0 in range(0, D, SPAN):
         xb = xr[j0:j0 + SPAN]  # (<= SPAN,)
         gb = scale[j0:j0 + SPAN]
@@ -369,7 +375,8 @@ def _write_y(xr, hi, lo, rc, scale, beta, yr, nxt, centred):
         else:
             for j in range(xb.shape[0]):
                 yb[j] = _to((_ld(xb[j]) * rc) * gb[j], yz)
-        _prefetch_span(nxt, j0, j0 + SPAN)
+        if fetch:
+            _prefetch_span(nxt, j0, j0 + SPAN)
 
 
 @njit(cache=True)
