@@ -582,3 +582,21 @@ def test_older_result_files_load_without_verdicts_they_cannot_support(tmp_path):
     assert goals == "fwd LLC size unknown: no verdict, bwd LLC size unknown: no verdict |"
     assert results.headlines(loaded)[2] == (
         "`layernorm.torch`: fwd+bwd: no speedup over torch to judge")
+
+
+def test_pass_bytes_count_a_shared_gradient_once():
+    """Protects the bytes a bandwidth figure is credited with: the minimal bytes of each pass,
+    except that the add-norms' backward through an implementation that returns dx as
+    dresidual too (layernorm.torch, torch, torch.compile) counts four (M, D) arrays (h, dy, dh
+    read; dx written), not five; the NumPy implementations write both and count five."""
+    m, d, item = 6, 64, 4
+    array = m * d * item
+    for name, norm in NORMS.items():
+        case = harness.Case((m, d), "float32", norm=name)
+        for impl in ("numpy", "fused", *harness.SHARED_GRADIENT):
+            shared = norm.residual and impl in harness.SHARED_GRADIENT
+            bwd = (4 if shared else 5 if norm.residual else 3) * array
+            fwd = (4 if norm.residual else 2) * array
+            assert harness.pass_bytes(case, "bwd", item, impl) == bwd, (name, impl)
+            assert harness.pass_bytes(case, "fwd", item, impl) == fwd, (name, impl)
+            assert harness.pass_bytes(case, "fwd+bwd", item, impl) == fwd + bwd, (name, impl)

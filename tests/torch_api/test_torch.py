@@ -72,6 +72,42 @@ def test_add_norm_keeps_a_float32_residual_stream(name, family_inputs, float64_o
     results_close(got, want.results, h_dtype=np.float32, what=name)
 
 
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_add_norm_writes_one_gradient_for_x_and_residual(name):
+    """Protects the add-norms' one-gradient backward on the CPU: where the residual shares x's
+    dtype, autograd gets one tensor as the gradient of both (as from torch's own x + residual),
+    so the kernel writes one (M, D) gradient instead of two, with the bits of the bwd op asked
+    for dresidual apart; the bwd op given dh and no residual_dtype adds dh all the same; the
+    leaves' .grad are still two tensors; under a float32 residual stream the gradients stay
+    two tensors in their own dtypes."""
+    n = NORMS[name]
+    g = torch.Generator().manual_seed(12)
+    x, r = (torch.randn(6, 32, generator=g, requires_grad=True) for _ in range(2))
+    w = torch.randn(32, generator=g, requires_grad=True)
+    b = torch.randn(32, generator=g, requires_grad=True) if n.centred else None
+    dy, dh = torch.randn(6, 32, generator=g), torch.randn(6, 32, generator=g)
+    fn = getattr(lt, name)
+    y, h = fn(x, r, 32, w, b, 1e-5) if n.centred else fn(x, r, 32, w, 1e-5)
+    gx, gr = torch.autograd.grad((y, h), (x, r), (dy, dh), retain_graph=True)
+    assert gx.data_ptr() == gr.data_ptr()
+    _y, hn, s0, s1 = _ops.fwd(x.detach(), r.detach(), w.detach(),
+                              None if b is None else b.detach(), 1e-5, n.centred, False, None)
+    wd, bd = w.detach(), None if b is None else b.detach()
+    dx, dres, _, _ = _ops.bwd(dy, dh, hn, wd, bd, s0, s1, n.centred, False, x.dtype, r.dtype)
+    assert torch.equal(dx, gx) and torch.equal(dres, gx) and dx.data_ptr() != dres.data_ptr()
+    one, none, _, _ = _ops.bwd(dy, dh, hn, wd, bd, s0, s1, n.centred, False, x.dtype, None)
+    assert torch.equal(one, dx) and none.numel() == 0
+    torch.autograd.backward((y, h), (dy, dh))
+    assert torch.equal(x.grad, gx) and torch.equal(r.grad, gx)
+    assert x.grad.data_ptr() != r.grad.data_ptr()
+    xb = x.detach().bfloat16().requires_grad_()
+    y, h = (fn(xb, r, 32, w, b, residual_dtype=torch.float32) if n.centred
+            else fn(xb, r, 32, w, residual_dtype=torch.float32))
+    gx, gr = torch.autograd.grad((y, h), (xb, r), (dy.bfloat16(), dh))
+    assert (gx.dtype, gr.dtype) == (torch.bfloat16, torch.float32)
+    assert torch.equal(gx, gr.bfloat16())
+
+
 @pytest.mark.parametrize("name", FAMILY)
 def test_absent_and_mixed_dtype_parameters(name, family_inputs, float64_oracle, torch_norm,
                                            results_close):

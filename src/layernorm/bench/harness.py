@@ -21,10 +21,11 @@ one round ran under the same machine load, so the spread carries the copy's own 
 A provider's setup (for ``torch.compile``, the compilation) and its check run before the
 rounds, untimed.
 
-Bandwidth: GB/s on minimal bytes (:func:`layernorm.cost.minimal_bytes`; their sum for fwd+bwd)
-and that as a fraction of the copy's GB/s (:mod:`layernorm.bench.yardstick`: data of the case's
-size, the same threads, the same rounds, read and write counted); without Numba the copy is
-NumPy's single-threaded ``np.copyto``.
+Bandwidth: GB/s on minimal bytes (:func:`layernorm.cost.minimal_bytes`; their sum for fwd+bwd;
+:func:`pass_bytes`: without dresidual's for the add-norms' backward of the implementations that
+return dx as dresidual too) and that as a fraction of the copy's GB/s
+(:mod:`layernorm.bench.yardstick`: data of the case's size, the same threads, the same rounds,
+read and write counted); without Numba the copy is NumPy's single-threaded ``np.copyto``.
 
 Where the data lives (:func:`regime`): "in cache" when the largest pass's minimal bytes fit in
 the last-level cache, "DRAM" when even the copy's (2·M·D·itemsize) are at least twice its size,
@@ -61,8 +62,14 @@ from ..tolerances import compare
 from . import providers, results
 from .machine import run_meta
 
-__all__ = ["PAUSE_S", "STANDARD_SHAPES", "Case", "batch", "bench_case", "check",
-           "first_call_latency", "llc_bytes", "regime", "run_bench", "set_threads", "threads"]
+__all__ = ["PAUSE_S", "SHARED_GRADIENT", "STANDARD_SHAPES", "Case", "batch", "bench_case",
+           "check", "first_call_latency", "llc_bytes", "pass_bytes", "regime", "run_bench",
+           "set_threads", "threads"]
+
+# Implementations whose add-norm backward returns one tensor as the gradient of both x and the
+# residual (autograd's own x + residual does, compiled or not; layernorm.torch does where the
+# residual shares x's dtype, as in every case here): they write dresidual's bytes once, as dx.
+SHARED_GRADIENT = ("layernorm.torch", "torch", "torch.compile")
 
 STANDARD_SHAPES: tuple[tuple[int, ...], ...] = ((8, 512, 768), (4, 1024, 4096), (1, 64, 65536))
 PAUSE_S = 0.005  # between batches: lets the previous OpenMP pool's spinning threads sleep
@@ -111,6 +118,17 @@ def check(norm: str, got: tuple[np.ndarray, ...], want: tuple[np.ndarray, ...],
             ratio = 0.0 if c.ok else math.inf
         worst = max(worst, ratio)
     return worst
+
+
+def pass_bytes(case: Case, op: str, itemsize: int, impl: str) -> int:
+    """The bytes ``impl``'s ``op`` ("fwd", "bwd" or "fwd+bwd") must move on ``case``: the minimal
+    bytes, less dresidual's in the backward of an add-norm where ``impl`` returns dx as
+    dresidual too (:data:`SHARED_GRADIENT`)."""
+    passes = ("fwd", "bwd") if op == "fwd+bwd" else (op,)
+    total = sum(minimal_bytes(p, case.M, case.D, itemsize, norm=case.norm) for p in passes)
+    if "bwd" in passes and family_norm(case.norm).residual and impl in SHARED_GRADIENT:
+        total -= case.M * case.D * itemsize
+    return total
 
 
 def llc_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
@@ -278,13 +296,7 @@ def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
     rows = []
     for (name, op), ts in times.items():
         t = np.array(ts)  # (rounds,)
-        if name == "copy":
-            nbytes = copy_bytes
-        elif op == "fwd+bwd":
-            nbytes = (minimal_bytes("fwd", case.M, case.D, itemsize, norm=case.norm)
-                      + minimal_bytes("bwd", case.M, case.D, itemsize, norm=case.norm))
-        else:
-            nbytes = minimal_bytes(op, case.M, case.D, itemsize, norm=case.norm)
+        nbytes = copy_bytes if name == "copy" else pass_bytes(case, op, itemsize, name)
         p20, p50, p80 = np.percentile(t, [20, 50, 80])
         # per-round fractions of copy: this pair's GB/s over the copy's of the same round
         frac = (nbytes / t) / (copy_bytes / copy_t)  # (rounds,)

@@ -17,7 +17,8 @@ Method (:mod:`layernorm.bench.harness`): every (implementation, operation) pair 
 run in interleaved rounds of batches of about 50 ms (20 ms with --quick); p50 (p20-p80) over
 the rounds, speedups as medians of per-round ratios. Bandwidth: GB/s on minimal bytes
 (each (M, D) input read once and each output written once: :func:`layernorm.cost.minimal_bytes`;
-their sum for fwd+bwd), and that as a
+their sum for fwd+bwd; an add-norm's dresidual not counted where the implementation returns dx
+as dresidual too, as autograd's x + residual does), and that as a
 fraction of a copy of x's size with the same threads (:mod:`layernorm.bench.yardstick`),
 interleaved in the same rounds. Each case is labelled by where its data lives against the
 last-level cache: "in cache", "DRAM", or "straddles LLC", where no fraction of copy is judged.
@@ -362,7 +363,8 @@ def report_section(ctx: object) -> Section:
         + ", ".join("x".join(map(str, s)) for s in REPORT_SHAPES)
         + (f"; left out here: {', '.join(left_out)}" if left_out else "")
         + f". Bandwidth is GB/s on minimal bytes (each (M, D) input read once, each output "
-        f"written once: `layernorm.cost.minimal_bytes`) over the bandwidth of a copy of the "
+        f"written once: `layernorm.cost.minimal_bytes`; an add-norm's dresidual not counted "
+        f"where the gradient of x serves as it, as in PyTorch) over the bandwidth of a copy of the "
         f"same size measured in the same rounds (`{rows[0]['copy']}`), p50 of per-round "
         f"ratios with p20-p80 in brackets. Goals: forward >= {results.FWD_GOAL:.0%} and "
         f"backward >= {results.BWD_GOAL:.0%} of copy, fused fwd+bwd >= {results.STEP_GOAL}x "

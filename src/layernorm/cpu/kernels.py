@@ -476,11 +476,11 @@ def _dx(x, dy, g, hi, lo, rc, mg, mgx):
 def _write_dx(xr, dyr, dhr, zp, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, ndy):
     """dx = rstd * ((u - mean_g) - xhat * mean_gxhat) [+ dh]; pg += dy * xhat; pb += dy.
 
-    xr, dyr, scale, dxr: (D,); for an add-norm drr (D,) receives dx too and dhr is (D,) or
-    (0,) without dh, added in the type of ``zp``; for a plain norm both are (0,). pg, pb:
-    (D,) float64 (the products dy * xhat rounded to T first, as in the reference). Prefetches
-    the next row's x and dy (``nx``, ``ndy``). The three cases are three loops, so that each
-    vectorises.
+    xr, dyr, scale, dxr: (D,); dhr: (D,), added in the type of ``zp``, or (0,) without dh;
+    drr: (D,) receives dx too (an add-norm's dresidual, where the caller keeps it apart from
+    dx), else (0,). pg, pb: (D,) float64 (the products dy * xhat rounded to T first, as in the
+    reference). Prefetches the next row's x and dy (``nx``, ``ndy``). The four cases are four
+    loops, so that each vectorises.
     """
     D = xr.shape[0]
     xz = dxr.dtype.type(0)
@@ -496,18 +496,24 @@ def _write_dx(xr, dyr, dhr, zp, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx
         hb = dhr[j0:j0 + SPAN]
         pgb = pg[j0:j0 + SPAN]
         pbb = pb[j0:j0 + SPAN]
-        if not add:
-            for j in range(xb.shape[0]):
-                v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
-                ob[j] = _to(v, xz)
-                pgb[j] += dy * xhat
-                pbb[j] += dy
-        elif with_dh:
+        if add and with_dh:
             for j in range(xb.shape[0]):
                 v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
                 t = _to(v, zp) + _to(_ld(hb[j]), zp)
                 ob[j] = _to(t, xz)
                 rb[j] = _to(t, rz)
+                pgb[j] += dy * xhat
+                pbb[j] += dy
+        elif with_dh:
+            for j in range(xb.shape[0]):
+                v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
+                ob[j] = _to(_to(v, zp) + _to(_ld(hb[j]), zp), xz)
+                pgb[j] += dy * xhat
+                pbb[j] += dy
+        elif not add:
+            for j in range(xb.shape[0]):
+                v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
+                ob[j] = _to(v, xz)
                 pgb[j] += dy * xhat
                 pbb[j] += dy
         else:
@@ -638,7 +644,7 @@ def _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx, dres, pg, pb,
     if verify and ck != check[i]:
         return False
     dhr = dh[i]  # (D,), or (0,) when there is no dh
-    drr = dres[i]  # (D,), or (0,) for a plain norm
+    drr = dres[i]  # (D,), or (0,) without a separate dresidual
     if st[SCALE] == 1.0 and np.isfinite(su) and np.isfinite(sut):
         r = st[RSTD]
         mg = _to(su / D, z) if centred else z
@@ -656,7 +662,8 @@ def backward_chunks(x, dy, dh, zp, scale, stats, check, flags, dx, dres, partial
     add-norm, and partial[c] (2, D) float64, the chunk's (dgamma, dbeta) partial sums.
 
     x, dy: (M, D) storage; dh: (M, D), or (M, 0) without dh, added to the norm's dx in the
-    type of ``zp``; dres: (M, D) for an add-norm, else (M, 0); scale: (D,) T; stats:
+    type of ``zp``; dres: (M, D), a second copy of dx for an add-norm whose dresidual is kept
+    apart from dx, else (M, 0); scale: (D,) T; stats:
     (M, NSTATS) float64; flags: CENTRED; partial: (C, 2, D) float64 for C = n_chunks(M), chunk
     c holding rows c*M//C to (c+1)*M//C. check (M,) uint64 and ok (M,) bool: whether each row
     of x matched the forward's checksum; both (0,) to skip the comparison.

@@ -106,10 +106,12 @@ def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
              bias: Tensor | None, stats: Tensor, centred: bool, zero_centered_gamma: bool,
              x_dtype: torch.dtype | None, residual_dtype: torch.dtype | None,
              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dx, dresidual (an empty (0,) for a plain norm), dweight, dbias (empty without them).
+    """dx, dresidual (an empty (0,) without ``residual_dtype``), dweight, dbias (empty without
+    them).
 
-    xn is what the forward normalized: x, or h for an add-norm (``residual_dtype`` given); dx
-    comes back in ``x_dtype`` (xn's dtype when None), dresidual in ``residual_dtype``.
+    xn is what the forward normalized: x, or h for an add-norm; dx comes back in ``x_dtype``
+    (xn's dtype when None) with dh added where given, and dresidual, the same sum, in
+    ``residual_dtype`` where that is given.
     """
     d = xn.shape[-1]
     m = xn.numel() // d
@@ -125,13 +127,10 @@ def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
     dy = _in(dy, cdt)
     dx = torch.empty(xn.shape, dtype=xn.dtype if x_dtype is None else x_dtype)
     dres = xn.new_empty((0,))
-    adt = cdt
+    adt = compute_dtype(dx.dtype, residual_dtype, cdt) if add else compute_dtype(dx.dtype, cdt)
     if add:
-        adt = compute_dtype(dx.dtype, residual_dtype, cdt)
         dres = torch.empty(xn.shape, dtype=residual_dtype)
-        dh = None if dh is None else _in(dh, adt)
-    else:
-        dh = None
+    dh = None if dh is None else _in(dh, adt)
     c = kernels.n_chunks(m)
     partial = torch.empty((c, 2, d), dtype=torch.float64)
     key = entry.backward_key(_NAMES[xn.dtype], _NAMES[dy.dtype],

@@ -56,9 +56,11 @@ two statistics tensors the backward reads (layout: see the module docstring)."""
 norm = torch.ops.layernorm.norm.default
 """y and h as :data:`fwd`, without statistics: the forward when nothing needs a gradient."""
 bwd = torch.ops.layernorm.bwd.default
-"""dx (M, D) in ``x_dtype`` (xn's dtype when None); dresidual (M, D) in ``residual_dtype`` for
-an add-norm, else an empty (0,); dweight and dbias in their parameters' dtypes, or an empty (0,)
-for an absent one (an op returns neither None nor aliases)."""
+"""dx (M, D) in ``x_dtype`` (xn's dtype when None), dh added where given; dresidual (M, D), the
+same sum in ``residual_dtype`` where that is given, else an empty (0,); dweight and dbias in
+their parameters' dtypes, or an empty (0,) for an absent one (an op returns neither None nor
+aliases). An add-norm's autograd on the CPU passes no ``residual_dtype`` where the residual
+shares x's dtype, and returns dx for both."""
 
 
 # --- CUDA: the Triton kernels ---------------------------------------------------------------
@@ -252,6 +254,9 @@ def _backward(ctx: Any, dy: Tensor | None, dh: Tensor | None, _ds0: Any, _ds1: A
         dh = None
     if dy is None and dh is None:
         return None, None, None, None, None, None, None, None
+    # on the CPU, an add-norm's dresidual equals dx where the two share a dtype: one tensor
+    # serves both (as autograd's own x + residual does), and the kernel writes one gradient
+    shared = residual_dtype == x_dtype and xn.device.type == "cpu"
     if torch.is_grad_enabled():  # the backward is being differentiated: torch operations
         dx, dres, dw, db = composite_backward(dy, dh, xn, weight, bias, eps, centred, zcg,
                                               x_dtype, residual_dtype)
@@ -259,7 +264,9 @@ def _backward(ctx: Any, dy: Tensor | None, dh: Tensor | None, _ds0: Any, _ds1: A
         if dy is None:
             dy = torch.zeros_like(xn)
         dx, dres, dw, db = bwd(dy, dh, xn, weight, bias, s0, s1, centred, zcg, x_dtype,
-                               residual_dtype)
+                               None if shared else residual_dtype)
+        if shared:
+            dres = dx
     return (dx, None if residual_dtype is None else dres, None if weight is None else dw,
             None if bias is None else db, None, None, None, None)
 

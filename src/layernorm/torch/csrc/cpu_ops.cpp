@@ -352,14 +352,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
   const Tensor dyc = in_dtype(dy, cdt);
   Tensor dx = output(xn.sizes(), xn.options().dtype(dxdt));
   Tensor dres = at::empty({0}, xn.options());
-  Tensor dhc;
-  ScalarType adt = cdt;
-  if (add) {
-    adt = widest(dxdt, *residual_dtype, cdt);
-    dres = output(xn.sizes(), xn.options().dtype(*residual_dtype));
-    if (dh.has_value()) dhc = in_dtype(*dh, adt);
-  }
-  const bool with_dh = add && dhc.defined();
+  // dh joins dx in the widest of the dtypes involved; dresidual, when asked for, is a second
+  // copy of the same sum in its own dtype
+  const ScalarType adt = add ? widest(dxdt, *residual_dtype, cdt) : widest(dxdt, cdt, cdt);
+  if (add) dres = output(xn.sizes(), xn.options().dtype(*residual_dtype));
+  const bool with_dh = dh.has_value();
+  const Tensor dhc = with_dh ? in_dtype(*dh, adt) : Tensor();
   const int64_t c = n_chunks(m);
   Tensor partial = at::empty({c, 2, d}, xn.options().dtype(at::kDouble));
   auto fn = reinterpret_cast<BackwardFn>(
@@ -483,13 +481,18 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     variable_list out(8);
     if (!dy.defined() && !dh.defined()) return out;
     Tensor dx, dres, dw, db;
+    // an add-norm's dresidual equals dx where the two share a dtype: one tensor serves both,
+    // as autograd's own x + residual does, so the kernel writes one gradient instead of two
+    const bool shared = r_dtype.has_value() && *r_dtype == x_dtype;
     if (at::GradMode::is_enabled()) {  // the backward is being differentiated
       std::tie(dx, dres, dw, db) =
           composite_backward(dy, dh, xn, weight, bias, eps, centred, zcg, x_dtype, r_dtype);
     } else {
       if (!dy.defined()) dy = at::zeros_like(xn);
-      std::tie(dx, dres, dw, db) = op.call(dy, given(dh), xn, given(weight), given(bias),
-                                           saved[3], saved[4], centred, zcg, x_dtype, r_dtype);
+      std::tie(dx, dres, dw, db) =
+          op.call(dy, given(dh), xn, given(weight), given(bias), saved[3], saved[4], centred,
+                  zcg, x_dtype, shared ? std::nullopt : r_dtype);
+      if (shared) dres = dx;
     }
     out[0] = dx;
     if (r_dtype.has_value()) out[1] = dres;
