@@ -93,12 +93,15 @@ def _bwd_triton(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered
         dy = dy.contiguous()
     if dh is not None and dh.stride(-1) != 1:
         dh = dh.contiguous()
+    # dh without residual_dtype: the launcher adds dh only for an add-norm, so it runs as one
+    # whose dresidual, in dx's dtype, is dropped
+    keep = dh is None or residual_dtype is not None
     dx, dres, dw, db = kernels.backward(
         _rows(dy), _rows(dh), _rows(xn), weight, bias, stats0, stats1, centred=centred,
         zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
-        residual_dtype=residual_dtype)
+        residual_dtype=residual_dtype if keep else x_dtype or xn.dtype)
     dx = dx.view(xn.shape)
-    dres = None if dres is None else dres.view(xn.shape)
+    dres = None if dres is None or not keep else dres.view(xn.shape)
     # an op returns no None and no two outputs that share memory: one empty each
     return tuple(xn.new_empty((0,)) if t is None else t for t in (dx, dres, dw, db))
 
