@@ -74,7 +74,6 @@ def test_the_triton_path_registrations(name, triton_path):
                                       "test_autograd_registration"))
 
 
-
 def test_the_triton_backward_adds_dh_without_a_dresidual(triton_path):
     """Protects layernorm::bwd's contract on the Triton path: given dh and no residual_dtype,
     dx is dh plus the norm's dx (the dx of the same call with residual_dtype) and dresidual is
@@ -89,6 +88,7 @@ def test_the_triton_backward_adds_dh_without_a_dresidual(triton_path):
     plain, _, _, _ = _ops.bwd(dy, None, h, w, None, s0, s1, False, False, x.dtype, None)
     assert torch.equal(one, dx) and torch.equal(dres, dx) and torch.equal(dw1, dw)
     assert none.numel() == 0 and not torch.equal(plain, dx)
+
 
 def test_triton_on_cpu_routes_and_restores():
     """Protects the test switch itself: inside it a CPU tensor's statistics have the Triton

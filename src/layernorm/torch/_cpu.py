@@ -127,7 +127,7 @@ def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
     dy = _in(dy, cdt)
     dx = torch.empty(xn.shape, dtype=xn.dtype if x_dtype is None else x_dtype)
     dres = xn.new_empty((0,))
-    adt = compute_dtype(dx.dtype, residual_dtype, cdt) if add else compute_dtype(dx.dtype, cdt)
+    adt = compute_dtype(dx.dtype, residual_dtype or dx.dtype, cdt)  # the dtype dh joins dx in
     if add:
         dres = torch.empty(xn.shape, dtype=residual_dtype)
     dh = None if dh is None else _in(dh, adt)

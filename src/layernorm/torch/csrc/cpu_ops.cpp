@@ -354,7 +354,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
   Tensor dres = at::empty({0}, xn.options());
   // dh joins dx in the widest of the dtypes involved; dresidual, when asked for, is a second
   // copy of the same sum in its own dtype
-  const ScalarType adt = add ? widest(dxdt, *residual_dtype, cdt) : widest(dxdt, cdt, cdt);
+  const ScalarType adt = widest(dxdt, residual_dtype.value_or(dxdt), cdt);
   if (add) dres = output(xn.sizes(), xn.options().dtype(*residual_dtype));
   const bool with_dh = dh.has_value();
   const Tensor dhc = with_dh ? in_dtype(*dh, adt) : Tensor();
