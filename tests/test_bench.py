@@ -301,6 +301,23 @@ def test_torch_goal_verdict_needs_both_ends_of_the_spread():
     assert results.verdict(0.78, 0.82, 0.80, "{:.0%}") == "noisy: rerun (78%-82%)"
 
 
+def test_a_time_with_a_wide_spread_gets_no_verdict():
+    """Protects the rule that no verdict rests on a noisy time: where a row's own p80 is 1.25
+    times its p20 or more, the speedup and fraction-of-copy goals say "too noisy to tell" with
+    the spread, however narrow the per-round ratios were; just under the limit they are
+    judged."""
+    rows = _api_rows((2.0, 1.9, 2.1))
+    rows[0].update(p20_ms=16.7, p80_ms=74.8)
+    assert _goal(rows) == "too noisy to tell (p20-p80 16.70 ms-74.80 ms)"
+    rows[0].update(p20_ms=1.0, p80_ms=1.249)
+    assert _goal(rows) == "met"
+    row = {"flags": [], "regime": results.DRAM, "p20_ms": 0.8, "p80_ms": 1.0,
+           "frac_copy_p20_p80": [0.9, 0.95]}
+    assert results.fraction_verdict(row, results.FWD_GOAL) == (
+        "too noisy to tell (p20-p80 800.0 us-1.00 ms)")
+    assert results.fraction_verdict({**row, "p80_ms": 0.9}, results.FWD_GOAL) == "met"
+
+
 @pytest.mark.parametrize("argv", [
     ["bench", "--impl", "jax"],
     ["bench", "--rounds", "0"],

@@ -221,46 +221,41 @@ def test_complexity_cost_table_is_what_the_command_prints(capsys):
     assert printed in text, "docs/complexity.md is stale: paste the command's table"
 
 
-def _result_rows(name: str) -> dict[tuple[str, str, str, str, str], dict]:
-    rows = json.loads((ROOT / "bench" / "results" / name).read_text())["rows"]
-    return {(r["norm"], "x".join(map(str, r["shape"])), r["dtype"], r["impl"], r["op"]): r
-            for r in rows}
+def test_every_speed_table_is_its_result_file():
+    """Protects the docs' speed tables from going stale: each generated block (docs/torch.md's
+    peers, docs/complexity.md's benchmark, docs/cpu-kernels.md's bandwidth, call cost and
+    kernel times) is what its committed file under bench/results/ gives, as
+    `python tools/doc_tables.py` writes it."""
+    from layernorm.bench import doc_tables
+
+    assert doc_tables.stale(ROOT) == []
+    for block in doc_tables.BLOCKS.values():
+        assert (ROOT / "bench" / "results" / block.result).is_file()
 
 
-def test_complexity_bench_table_is_its_result_file():
-    """Protects docs/complexity.md's benchmark table: every cell is the result file's."""
-    rows = _result_rows("cpu-family-8x1024x4096-rerun.json")
+def test_a_changed_result_file_makes_its_table_stale(tmp_path):
+    """Protects the check itself: a figure changed in a result file shows as its one stale
+    table, the tool rewrites exactly that table, and a document without a block's markers is
+    an error naming the block."""
+    import shutil
 
-    def frac(row: dict, band: bool = True) -> str:
-        lo, hi = row["frac_copy_p20_p80"]
-        return f"{row['frac_copy']:.0%}" + (f" ({100 * lo:.0f}–{100 * hi:.0f})" if band else "")
+    from layernorm.bench import doc_tables
 
-    table = _doc_table(COMPLEXITY, "| norm | dtype | copy GB/s |")
-    assert len(table) == 8
-    for norm, dtype, copy, ffwd, fbwd, tfwd, tbwd, ratio in table:
-        def r(impl: str, op: str, norm: str = norm, dtype: str = dtype) -> dict:
-            return rows[NORM_NAMES[norm], "8x1024x4096", dtype, impl, op]
-
-        assert copy == f"{r('fused', 'fwd')['copy_gbps']:.1f}"
-        assert [ffwd, fbwd] == [frac(r("fused", "fwd")), frac(r("fused", "bwd"))]
-        assert [tfwd, tbwd] == [frac(r("torch", "fwd"), False), frac(r("torch", "bwd"), False)]
-        assert ratio == f"{r('fused', 'fwd+bwd')['speedup']['torch']:.2f}x"
-
-
-def _verdict(lo: float, hi: float, goal: float = 1.5) -> str:
-    """The doc's rule: a verdict only where the p20 and p80 ratios agree on it."""
-    if lo >= goal:
-        return "met"
-    return "missed" if hi < goal else f"noisy: rerun ({lo:.2f}x-{hi:.2f}x)"
-
-
-def test_torch_speed_section_is_its_result_file():
-    """Protects docs/torch.md's speed section: its headlines and tables are what
-    layernorm.bench.peers.doc_section makes of bench/results/cpu-peers-full.json."""
-    from layernorm.bench import peers
-
-    saved = peers.load(ROOT / "bench" / "results" / "cpu-peers-full.json")
-    assert peers.doc_section(saved) in TORCH.read_text()
+    for sub in ("docs", "bench/results"):
+        shutil.copytree(ROOT / sub, tmp_path / sub)
+    path = tmp_path / "bench" / "results" / "call-cost.json"
+    saved = json.loads(path.read_text())
+    saved["rows"][0]["us"] += 1.0
+    path.write_text(json.dumps(saved))
+    assert doc_tables.stale(tmp_path) == ["call-cost"]
+    assert doc_tables.update(tmp_path) == ["call-cost"]
+    assert doc_tables.stale(tmp_path) == []
+    assert f"| {saved['rows'][0]['part']} | {saved['rows'][0]['us']:.2f} |" in (
+        tmp_path / "docs" / "cpu-kernels.md").read_text()
+    doc = tmp_path / "docs" / "complexity.md"
+    doc.write_text(doc.read_text().replace("<!-- end: complexity-bench -->", ""))
+    with pytest.raises(ValueError, match="no block 'complexity-bench'"):
+        doc_tables.stale(tmp_path)
 
 
 def test_gpu_register_summary_is_its_listing():

@@ -1,18 +1,20 @@
 """Where the time of one small call goes: the parts of a decode-sized norm call, measured.
 
-    python tools/call_cost.py [--d 4096] [--threads 2]
+    python tools/call_cost.py [--d 4096] [--threads 2] [--out bench/results/call-cost.json]
 
 Times, on one row of D float32 elements (1x1xD), each part of a call of ``layernorm.torch``
 and of ``layernorm.cpu`` in isolation, beside ``torch.nn.functional.layer_norm``: the
 median of 9 batches of 2000 calls each. A part's time is the difference of two calls that
 differ by it (for example the op with D elements against the op with 64: the kernel's
-arithmetic). docs/cpu-kernels.md quotes its output.
+arithmetic). Prints the table; ``--out`` saves it as JSON, from which
+``python tools/doc_tables.py`` makes docs/cpu-kernels.md's table.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,12 +22,16 @@ import torch.nn.functional as F
 
 import layernorm.cpu as lnc
 import layernorm.torch as lt
+from layernorm.bench import doc_tables, results
 from layernorm.bench.harness import batch
+from layernorm.bench.machine import run_meta
 from layernorm.cpu import entry
 from layernorm.torch import _functional, _ops
 
+BATCHES = 9
 
-def per_call_us(fn: Callable[[], object], n: int = 2000, batches: int = 9) -> float:
+
+def per_call_us(fn: Callable[[], object], n: int = 2000, batches: int = BATCHES) -> float:
     """Median over batches of the mean time of one call, in microseconds."""
     batch(fn, 200)  # warm
     return float(np.median([batch(fn, n) for _ in range(batches)])) * 1e6
@@ -35,6 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="save the table's figures as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     d = args.d
@@ -80,11 +87,12 @@ def main() -> None:
             lambda: fn(ptr(xn), 0, 0, ptr(y), 0, 0, ptr(wn), ptr(bn), 1e-5, 1, ptr(stats), 0,
                        1, d, 0, d, d, 1, 0, 0, 1))),
     ]
-    print(f"one row of {d} float32 elements, {args.threads} threads set, "
-          f"torch {torch.__version__}; microseconds per call, median of 9 batches\n")
-    print("| part | us |\n|---|---|")
-    for name, us in rows:
-        print(f"| {name.replace('  ', '&nbsp;&nbsp;')} | {us:.2f} |")
+    result = {"meta": {**run_meta(), "d": d, "threads": args.threads, "batches": BATCHES},
+              "rows": [{"part": name.lstrip(), "depth": (len(name) - len(name.lstrip())) // 2,
+                        "us": us} for name, us in rows]}
+    print(doc_tables.call_cost_table(result))
+    if args.out is not None:
+        print(f"\nsaved {results.save(result, args.out)}")
 
 
 if __name__ == "__main__":

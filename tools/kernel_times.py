@@ -1,6 +1,6 @@
 """The CPU kernels alone against torch's own, one thread: the figures docs/cpu-kernels.md quotes.
 
-    python tools/kernel_times.py [--rounds 7]
+    python tools/kernel_times.py [--rounds 7] [--out bench/results/kernel-times.json]
 
 Times LayerNorm's compiled forward (keeping statistics, as in training) and backward, called
 directly through ctypes (no checks, no allocation, no dispatcher), beside
@@ -8,17 +8,21 @@ directly through ctypes (no checks, no allocation, no dispatcher), beside
 thread, float32 and bfloat16, in interleaved rounds. Each round puts every array at a random
 64-byte offset: where arrays fall relative to each other moves these timings by 10-15% on this
 machine, so a fixed placement would favour one side. Prints the p50 over rounds of each batch's
-time per call, in ms.
+time per call, in ms; ``--out`` saves the figures as JSON, from which
+``python tools/doc_tables.py`` makes docs/cpu-kernels.md's table.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from layernorm.bench import doc_tables, results
 from layernorm.bench.harness import batch
+from layernorm.bench.machine import run_meta
 from layernorm.cpu import entry, kernels
 
 SHAPES = ((4096, 768), (1024, 768), (1024, 4096))
@@ -61,13 +65,12 @@ def _calls(fwd, bwd, x, dy, y, dx, w, b, stats, partial, dt) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path, help="save the table's figures as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
-    print(f"LayerNorm, 1 thread, torch {torch.__version__}; p50 ms per call over {args.rounds} "
-          "rounds\n")
     names = ("ours fwd", "torch fwd", "ours bwd", "torch bwd")
-    print("| shape | dtype | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 2) + "|")
+    result: dict = {"meta": {**run_meta(), "rounds": args.rounds}, "rows": []}
     for m, d in SHAPES:
         for dt, name in CODES.items():
             fwd = entry.ctypes_fn(entry.forward_key(name, None, None, "float32", "float32"))
@@ -83,8 +86,13 @@ def main() -> None:
                 for k, fn in _calls(fwd, bwd, *arrays, w, b, stats, partial, dt).items():
                     batch(fn, 2)
                     times[k].append(batch(fn, 10) * 1e3)
-            print(f"| ({m}, {d}) | {name} | "
-                  + " | ".join(f"{np.median(times[k]):.3f}" for k in names) + " |")
+            result["rows"].append({"M": m, "D": d, "dtype": name, "ms": {
+                k: float(np.median(times[k])) for k in names}})
+            print(f"({m}, {d}) {name}: " + ", ".join(
+                f"{k} {result['rows'][-1]['ms'][k]:.3f}" for k in names), flush=True)
+    print("\n" + doc_tables.kernel_times_table(result))
+    if args.out is not None:
+        print(f"\nsaved {results.save(result, args.out)}")
 
 
 if __name__ == "__main__":

@@ -78,7 +78,21 @@ def test_verdict_rules():
     assert row["verdict"] == "missed"  # 0.52 < (1/1.5) * 0.9
     row = _row("BERT", "inference", {"torch": (3.0, 2.9, 3.1)}, ours=(1.0, 0.5, 1.5))
     peers._judge(row)
-    assert row["verdict"] == "unsteady: no verdict"
+    assert row["verdict"] == "too noisy to tell (p20-p80 500.0 us-1.50 ms)"
+
+
+def test_end_to_end_gives_no_verdict_on_unsteady_times():
+    """Protects the end-to-end verdict: where either model's times spread wide (p20-p80
+    16.7-74.8 ms) the steps' ratio says nothing, so the verdict says too noisy to tell; steady
+    times are judged on the ratio's spread."""
+    wide = {"torch": [20.0, 16.7, 74.8], "layernorm": [19.0, 18.0, 19.5],
+            "speedup": [1.05, 1.02, 1.08]}
+    assert peers.end_to_end_verdict("train step", wide) == (
+        "too noisy to tell (p20-p80 16.70 ms-74.80 ms)")
+    steady = {**wide, "torch": [20.0, 19.5, 20.5]}
+    assert peers.end_to_end_verdict("train step", steady) == "faster: met"
+    assert peers.end_to_end_verdict("generate", {**steady, "speedup": [0.9, 0.85, 0.95]}) == (
+        "slower: missed")
 
 
 def test_end_to_end_model_swaps_and_matches(monkeypatch):

@@ -5,6 +5,7 @@
     flag_rows                 each row's ``flags``: figures that cannot be results (below)
     verdict                   met, missed, or undecided: a goal judged at both ends of the
                               spread, with a guard band around the goal (below)
+    noisy                     "too noisy to tell" where a time's p80/p20 reaches STEADY
     fraction_verdict          a fraction-of-copy goal: its flags, no verdict across regimes,
                               else verdict
     speedup_verdict           a speedup goal against a peer: flags on either row, else verdict
@@ -46,10 +47,11 @@ verdict is given (DRAM) the p50 of a fraction of copy or of a speedup over torch
 above the p80 of another; on the shapes that straddle the cache, up to 41% for fractions of
 copy. So a goal is "met" only when p20 clears it by CLOSE (10%), "missed" only when p80 falls
 short of it by CLOSE, and otherwise undecided: "noisy: rerun" when the spread itself contains
-the goal, "too close to call" when it lies within the band. Two runs then give opposite
-verdicts only if one's p20 lies 22% (1.1/0.9) above the other's p80, more than twice what was
-seen. More rounds narrow p20-p80 but not the shift from run to run, so the default stays 9
-rounds (5 with --quick).
+the goal, "too close to call" when it lies within the band; and no verdict at all where a
+time's own p80 is STEADY (1.25) times its p20 or more: "too noisy to tell". Two runs then give
+opposite verdicts only if one's p20 lies 22% (1.1/0.9) above the other's p80, more than twice
+what was seen. More rounds narrow p20-p80 but not the shift from run to run, so the default
+stays 9 rounds (5 with --quick).
 """
 
 from __future__ import annotations
@@ -66,10 +68,11 @@ from ..family import norm as family_norm
 from .providers import BACKENDS
 
 __all__ = ["BUSY_CORES", "BWD_GOAL", "CLOSE", "DRAM", "FRACTION_MARGIN", "FWD_GOAL",
-           "IN_CACHE", "OVERHEAD_S", "STEP_GOAL", "STRADDLES", "TORCH_API_GOAL", "UNKNOWN",
+           "IN_CACHE", "OVERHEAD_S", "STEADY", "STEP_GOAL", "STRADDLES", "TORCH_API_GOAL",
+           "UNKNOWN",
            "bandwidth_figure", "default_path", "flag_rows", "format_latency", "format_table",
-           "fraction_verdict", "headlines", "load", "n_threads", "plot_bandwidth", "regime_note",
-           "save", "speedup_verdict", "summary_table", "torch_table", "verdict"]
+           "fraction_verdict", "headlines", "load", "n_threads", "noisy", "plot_bandwidth",
+           "regime_note", "save", "speedup_verdict", "summary_table", "torch_table", "verdict"]
 
 FWD_GOAL, BWD_GOAL, STEP_GOAL = 0.80, 0.70, 1.5  # fractions of copy; fwd+bwd speedup vs torch
 TORCH_API_GOAL = 1.5  # torch eager's fwd+bwd time over layernorm.torch's
@@ -93,6 +96,9 @@ OVERHEAD_S = 50e-6
 # one time slice, so about one preemption of one of our threads per batch.
 BUSY_CORES = 0.1
 CLOSE = 0.10  # the guard band around a goal, relative (module doc)
+# A measurement whose p80 is this many times its p20 or more is too noisy for any verdict: the
+# rounds disagree by more than a verdict's guard band on either side (1.1/0.9 ~ 1.22).
+STEADY = 1.25
 
 _OPS = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "fwd+bwd"}
 # flags that make a time, not only a fraction of copy, unfit for a verdict
@@ -212,6 +218,20 @@ def flag_rows(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def noisy(*measurements: dict) -> str | None:
+    """"too noisy to tell" with the widest p20-p80 of times among ``measurements`` (dicts
+    with ``p20_ms`` and ``p80_ms``) where one's p80/p20 reaches :data:`STEADY`, else None."""
+    wide = [m for m in measurements if m["p80_ms"] >= STEADY * m["p20_ms"]]
+    if not wide:
+        return None
+    m = max(wide, key=lambda m: m["p80_ms"] / m["p20_ms"])
+    return f"too noisy to tell (p20-p80 {_ms(m['p20_ms'])}-{_ms(m['p80_ms'])})"
+
+
+def _ms(ms: float) -> str:
+    return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.2f} ms"
+
+
 def verdict(lo: float, hi: float, goal: float, fmt: str = "{:.2f}x") -> str:
     """A goal (at least ``goal``) judged on a measurement's p20-p80 spread ``lo``-``hi``:
     "met" when p20 clears it by :data:`CLOSE`, "missed" when p80 falls short of it by CLOSE;
@@ -240,7 +260,7 @@ def fraction_verdict(row: dict, goal: float) -> str:
         return _short(row["flags"])
     if row["regime"] not in JUDGED_REGIMES:
         return f"{row['regime']}: no verdict"
-    return verdict(*row["frac_copy_p20_p80"], goal, "{:.0%}")
+    return noisy(row) or verdict(*row["frac_copy_p20_p80"], goal, "{:.0%}")
 
 
 def _ratio(row: dict | None, peer: str) -> tuple[float, float, float] | None:
@@ -262,7 +282,7 @@ def speedup_verdict(rows: list[dict], row: dict, peer: str, goal: float) -> str 
     unfit = [f for r in (row, peer_row) if r for f in r["flags"] if f.startswith(_TIME_FLAGS)]
     if unfit:
         return _short(unfit)
-    return verdict(*ratio[1:], goal)
+    return noisy(*(r for r in (row, peer_row) if r)) or verdict(*ratio[1:], goal)
 
 
 def format_table(rows: list[dict], markdown: bool = False) -> str:
@@ -355,7 +375,7 @@ def _outcome(text: str) -> str:
     """The kind of a verdict cell: met, missed, undecided, no verdict, flagged."""
     if text in ("met", "missed"):
         return text
-    if text.startswith(("noisy", "too close")):
+    if text.startswith(("noisy", "too close", "too noisy")):
         return "undecided"
     if text.endswith("no verdict"):
         return "no verdict"

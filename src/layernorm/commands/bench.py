@@ -274,7 +274,7 @@ def peers_report_section(ctx: object) -> Section:
     e2e_text = "End to end: transformers is not installed.\n\n"
     if e2e is not None:
         heads.append("end to end (Llama-shaped): " + "; ".join(
-            f"{task} {peers.end_to_end_verdict(task, e2e[task]['speedup'])} "
+            f"{task} {peers.end_to_end_verdict(task, e2e[task])} "
             f"({e2e[task]['speedup'][0]:.2f}x)" for task in ("train step", "generate")))
         e2e_text = peers.format_end_to_end(e2e) + "\n\n"
     body = (
@@ -289,7 +289,8 @@ def peers_report_section(ctx: object) -> Section:
         "per call and ours' speed over it (its time over ours, p50: p20-p80 of per-round "
         f"ratios). Goal: at least {peers.GOAL}x the fastest peer; at the decode shapes in "
         "inference, within 2x (one row) and 1.5x (eight rows) of torch eager's time. A verdict "
-        f"only where ours and that peer were steady (p80/p20 < {peers.STEADY}). "
+        f"only where ours and that peer were steady (p80/p20 < {results.STEADY}): otherwise "
+        "\"too noisy to tell\". "
         + (f"Left out here: {', '.join(left)}. " if left else "")
         + "The full grid (bfloat16, 1 thread): `layernorm bench --peers --full`.\n\n"
         + e2e_text + plot + "\n\n" + folded("All cases", peers.table(rows)) + "\n")
