@@ -570,6 +570,57 @@ def test_plot_draws_error_bars_and_says_where_data_lives():
         plt.close(fig)
 
 
+def _clipped(fig) -> list[str]:
+    """The texts of ``fig`` (tick labels within the axes' limits, titles, axis labels,
+    legends) that reach past its edges once drawn: what a saved PNG would cut off."""
+    fig.canvas.draw()
+    width, height = fig.bbox.width, fig.bbox.height
+    out = []
+    for ax in fig.axes:
+        (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+        ticks = [t for t in ax.get_xticklabels() if x0 <= t.get_position()[0] <= x1]
+        ticks += [t for t in ax.get_yticklabels() if y0 <= t.get_position()[1] <= y1]
+        texts = [*ticks, ax.title, ax.xaxis.label, ax.yaxis.label,
+                 *([ax.get_legend()] if ax.get_legend() else [])]
+        for t in texts:
+            if getattr(t, "get_text", lambda: "legend")():
+                e = t.get_window_extent()
+                if e.x0 < 0 or e.y0 < 0 or e.x1 > width or e.y1 > height:
+                    out.append(getattr(t, "get_text", lambda: "legend")())
+    return out
+
+
+def test_plots_keep_every_label_inside_the_figure():
+    """Protects the plots' labels from being cut off at the figure's edge (the slanted case
+    names of the bandwidth plot ran past its left edge): every tick label, title, axis label
+    and legend of the bandwidth plot and of the peers plot lies inside the figure."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from layernorm.bench import peers
+
+    rows = results.flag_rows([
+        row for norm in ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
+        for shape, regime in (((4, 256, 768), results.IN_CACHE), ((4, 1024, 4096), results.DRAM))
+        for row in _case_rows(shape=shape, regime=regime, norm=norm)])
+    fig = results.bandwidth_figure(rows)
+    try:
+        assert _clipped(fig) == []
+    finally:
+        plt.close(fig)
+    speed = {"p50_ms": 1.0, "p20_ms": 0.95, "p80_ms": 1.05}
+    peer_rows = [{"norm": norm, "shape": shape, "dtype": "float32", "threads": 2, "mode": mode,
+                  "best": "torch", "goal": 1.2,
+                  "providers": {"layernorm": speed,
+                                "torch": {**speed, "speedup": [1.0, 0.9, 1.1]}}}
+                 for norm in peers.NAMES for shape in peers.SHAPES for mode in peers.MODES]
+    fig = peers.figure(peer_rows)
+    try:
+        assert _clipped(fig) == []
+    finally:
+        plt.close(fig)
+
+
 def test_report_section_without_matplotlib_says_so(tmp_path, monkeypatch):
     """Protects `layernorm report` on a machine without matplotlib: the CPU section still
     comes, saying there is no plot, with its tables and JSON."""

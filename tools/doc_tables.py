@@ -1,4 +1,4 @@
-"""Rewrite the docs' speed tables from their committed result files.
+"""Rewrite the docs' speed tables from their result files under bench/results/.
 
     python tools/doc_tables.py [--check]
 

@@ -1,4 +1,4 @@
-"""The docs' speed tables, each made from a committed result file by one function.
+"""The docs' speed tables, each rendered by one function from its result file in the repository.
 
 A generated table sits in its document between two comments naming it::
 

@@ -48,9 +48,9 @@ from . import providers, results
 from .harness import batch
 from .machine import run_meta
 
-__all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "LLAMA", "MODES", "PEERS",
-           "ROUNDS", "SHAPES", "Absent", "Case", "available_peers",
-           "doc_section", "end_to_end_verdict", "format_end_to_end", "judged_against",
+__all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "LLAMA", "MODES", "NAMES", "PEERS",
+           "ROUNDS", "SHAPES", "Absent", "Case", "answers", "available_peers", "doc_section",
+           "end_to_end_verdict", "figure", "format_end_to_end", "judged_against",
            "llama_end_to_end", "load", "measure", "plot", "run", "summary", "table"]
 
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -418,7 +418,92 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-def plot(rows: list[dict], path: Path) -> Path:
+NAMES = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "add_layer_norm": "add+LayerNorm",
+         "add_rms_norm": "add+RMSNorm"}
+
+
+def _standing(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    """Per (norm, mode): each row's fastest peer at p50 (every peer timed, whatever the row is
+    judged against) and ours' speed over it, sorted into faster (p20 of the per-round ratios
+    above 1), slower (p80 below 1), level, and too noisy to tell (a time's p80/p20 at
+    :data:`layernorm.bench.results.STEADY` or more)."""
+    out: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        ours = r["providers"].get("layernorm", {})
+        timed = {k: v for k, v in r["providers"].items()
+                 if k in PEERS and "p50_ms" in v and "speedup" in v}
+        if "p50_ms" not in ours or not timed:
+            continue
+        peer = min(timed, key=lambda k: timed[k]["p50_ms"])
+        s = out.setdefault((r["norm"], r["mode"]), {"faster": [], "slower": [], "level": [],
+                                                     "noisy": []})
+        if results.noisy(ours, timed[peer]):
+            s["noisy"].append((r["shape"], peer, None))
+            continue
+        p50, lo, hi = timed[peer]["speedup"]
+        s["faster" if lo > 1 else "slower" if hi < 1 else "level"].append((r["shape"], peer, p50))
+    return out
+
+
+def answers(rows: list[dict], e2e: dict | None = None) -> dict[str, str]:
+    """The report's first screen from one run: "faster" (per norm and mode, ours' speed over
+    the fastest peer of each shape, median and counts, noisy shapes named as such; the
+    end-to-end model) and "use" (per norm and mode, what ran fastest at most shapes)."""
+    standing = _standing(rows)
+    if not standing:
+        return {}
+    grid = sorted({(r["dtype"], r["threads"]) for r in rows})
+    where = ", ".join(f"{d}, {t} thread{'s' if t > 1 else ''}" for d, t in grid)
+    lines, use = [], []
+    for norm in dict.fromkeys(r["norm"] for r in rows):
+        cells = []
+        for mode in MODES:
+            s = standing.get((norm, mode))
+            if s is None:
+                cells.append("not timed")
+                continue
+            steady = s["faster"] + s["slower"] + s["level"]
+            n = len(steady) + len(s["noisy"])
+            if not steady:
+                cells.append(f"too noisy to tell at all {n} shapes")
+                continue
+            med = float(np.median([q for _, _, q in steady]))
+            weakest = min(steady, key=lambda t: t[2])
+            text = (f"**{med:.2f}x** (faster at {len(s['faster'])}, level at "
+                    f"{len(s['level'])}, slower at {len(s['slower'])} of {n} shapes")
+            if s["noisy"]:
+                text += f"; too noisy to tell at {len(s['noisy'])}"
+            if weakest[2] < 1:
+                text += f"; slowest {weakest[2]:.2f}x {weakest[1]} at {weakest[0]}"
+            cells.append(text + ")")
+            wins: dict[str, list[str]] = {}
+            for shape, peer, q in steady:
+                wins.setdefault("layernorm.torch" if q >= 1 else peer, []).append(shape)
+            top = max(wins, key=lambda k: len(wins[k]))
+            rest = "; ".join(f"`{k}` at {', '.join(v)}" for k, v in wins.items() if k != top)
+            use.append(f"- {NAMES.get(norm, norm)}, {mode}: `{top}` (fastest at "
+                       f"{len(wins[top])} of {len(steady)} steady shapes"
+                       + (f"; {rest}" if rest else "") + ")")
+        lines.append(f"| {NAMES.get(norm, norm)} | " + " | ".join(cells) + " |")
+    faster = (
+        f"Ours (`layernorm.torch`) against the fastest of torch eager, torch.compile and "
+        f"onnxruntime at each shape, all timed in this run ({where}; {len(SHAPES)} shapes "
+        "from decode to long rows): the median, over the shapes timed steadily, of the fastest "
+        "peer's time over ours, above 1 meaning ours is faster. A shape counts as faster or "
+        "slower only where the per-round ratios' p20-p80 lies wholly on that side of 1, and "
+        "not at all where a time was too noisy to tell.\n\n"
+        "| norm | inference | training |\n|---|---|---|\n" + "\n".join(lines))
+    if e2e is not None:
+        faster += "\n\nIn a Llama-shaped model (" + "; ".join(
+            f"{task}: {e2e[task]['speedup'][0]:.2f}x, {end_to_end_verdict(task, e2e[task])}"
+            for task in ("train step", "generate")) + ")."
+    use_text = (f"From this run ({where}): per norm and mode, what ran fastest at most "
+                "shapes, and where something else did. bfloat16 and 1 thread: "
+                "`layernorm bench --peers --full`.\n\n" + "\n".join(use))
+    return {"faster": faster, "use": use_text}
+
+
+def figure(rows: list[dict]):
     """Ours' speed over the fastest peer judged per case (p20-p80 bars), one panel per mode,
     dtype and thread count, each case's goal marked. Raises ImportError without matplotlib."""
     import matplotlib
@@ -429,11 +514,12 @@ def plot(rows: list[dict], path: Path) -> Path:
     short = {"layer_norm": "LN", "rms_norm": "RMS", "add_layer_norm": "add+LN",
              "add_rms_norm": "add+RMS"}
     panels = sorted({(r["mode"], r["dtype"], r["threads"]) for r in rows})
-    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 3.4 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4.2 * len(panels)), squeeze=False,
+                             layout="constrained")
     for ax, (mode, dtype, thr) in zip(axes[:, 0], panels, strict=True):
         mine = [r for r in rows if (r["mode"], r["dtype"], r["threads"]) == (mode, dtype, thr)
                 and r.get("best")]
-        labels = [f"{short[r['norm']]}\n{r['shape']}" for r in mine]
+        labels = [f"{short[r['norm']]} {r['shape']}" for r in mine]
         s = np.array([r["providers"][r["best"]]["speedup"] for r in mine]).reshape(-1, 3)
         xs = np.arange(len(mine))
         ax.bar(xs, s[:, 0], color="tab:blue", alpha=0.7)
@@ -442,18 +528,24 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.scatter(xs, [r["goal"] for r in mine], marker="_", s=120, color="tab:red",
                    zorder=3, label="goal (decode: against torch eager)")
         ax.axhline(1.0, color="gray", linewidth=0.8)
-        ax.set_xticks(xs, labels, fontsize=6)
+        ax.set_xticks(xs, labels, fontsize=7, rotation=50, ha="right", rotation_mode="anchor")
         ax.set_ylabel("peer's time / ours")
         ax.set_title(f"{mode}, {dtype}, {thr} thread{'s' if thr > 1 else ''}: ours against "
                      f"the fastest peer judged", fontsize=10)
         ax.legend(fontsize=8)
-    fig.tight_layout()
+    return fig
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    """:func:`figure` saved as a PNG at ``path``; returns ``path``. Raises ImportError without
+    matplotlib."""
+    fig = figure(rows)
+    import matplotlib.pyplot as plt
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
 
 
 # --- end to end ---------------------------------------------------------------------------

@@ -488,7 +488,9 @@ def bandwidth_figure(rows: list[dict]):
     cases = _cases(rows)
     impls = [i for i in BACKENDS if any(r["impl"] == i for r in rows)]
     first = rows[0]
-    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 0.9 * len(cases) + 3), 8), sharex=True)
+    # constrained layout makes room for the legends beside the axes and the slanted labels
+    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 0.9 * len(cases) + 3), 8), sharex=True,
+                             layout="constrained")
     width = 0.8 / max(1, len(impls))
     for ax, op, goal in zip(axes, ("fwd", "bwd"), (FWD_GOAL, BWD_GOAL), strict=True):
         for k, impl in enumerate(impls):
@@ -519,12 +521,11 @@ def bandwidth_figure(rows: list[dict]):
     axes[1].set_xticklabels(
         [f"{family_norm(n).title} {'x'.join(map(str, s))} {d}\n"
          f"({(_find(rows, (n, s, d), 'copy', 'copy') or {}).get('regime', '?')})"
-         for n, s, d in cases], fontsize=7, rotation=35, ha="right")
+         for n, s, d in cases], fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
     axes[1].set_xlabel("case: norm, shape, dtype (where its data lives)")
     fig.suptitle("Bandwidth of each pass on the CPU: p50 over rounds, bars p20-p80\n"
                  f"{first.get('machine', {}).get('cpu', 'unknown CPU')}, "
                  f"{n_threads(first['threads'])}", fontsize=10)
-    fig.tight_layout()
     return fig
 
 

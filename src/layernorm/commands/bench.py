@@ -294,7 +294,7 @@ def peers_report_section(ctx: object) -> Section:
         + (f"Left out here: {', '.join(left)}. " if left else "")
         + "The full grid (bfloat16, 1 thread): `layernorm bench --peers --full`.\n\n"
         + e2e_text + plot + "\n\n" + folded("All cases", peers.table(rows)) + "\n")
-    return Section(heads, body)
+    return Section(heads, body, peers.answers(rows, e2e))
 
 
 def run_cuda(args: argparse.Namespace) -> int:

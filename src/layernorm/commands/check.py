@@ -86,4 +86,14 @@ def report_section(ctx: object) -> Section:
         f"**{_summary(rows)}.**\n\n"
         + folded(f"All {len(rows)} checks", format_table(rows, markdown=True)) + "\n"
     )
-    return Section(summary, body)
+    if failed:
+        right = (f"**No: {len(failed)} of {len(rows)} gradient checks failed** (e.g. "
+                 f"{NORMS[failed[0].norm].title} {failed[0].shape} {failed[0].dtype}, "
+                 f"{failed[0].method}); the section lists each.")
+    else:
+        right = (f"**Yes, in every check run here.** All {len(rows)} gradient checks of {norms} "
+                 "passed: the hand-derived backward agrees with central finite differences in "
+                 f"float64 (largest error {err:.1e}, smallest tolerance {tol:.1e}), and every "
+                 "lower precision and the fused CPU kernels agree with the float64 reference "
+                 "within the tolerance table.")
+    return Section(summary, body, {"right": right})

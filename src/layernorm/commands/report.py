@@ -2,8 +2,10 @@
 
 Each command contributes a section: a function ``(ctx) -> Section`` in its module of
 :mod:`layernorm.commands`, listed in ``SECTIONS``. A section gives its verdict in a few
-Markdown lines and its details; the report opens with every section's verdict (the summary,
-with links to the sections), then records the command, the time, the machine and the versions
+Markdown lines, its details, and plain sentences answering any of the user's questions
+(``QUESTIONS``: is it right, is it faster than what I have, what to use here). The report
+opens with those answers, then every section's verdict (the summary, with links to the
+sections), then the command, the time, the machine and the versions
 (:func:`layernorm.bench.machine.machine_info`), then the sections in order.
 """
 
@@ -14,14 +16,14 @@ import importlib
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..bench.machine import machine_info
 from . import usage_error, writable
 
-__all__ = ["SECTIONS", "ReportContext", "Section", "add_arguments", "anchor", "folded", "run",
-           "write_report"]
+__all__ = ["QUESTIONS", "SECTIONS", "ReportContext", "Section", "add_arguments", "anchor",
+           "folded", "run", "write_report"]
 
 # (title, "module:function"), in the order they appear in the report.
 SECTIONS: list[tuple[str, str]] = [
@@ -30,6 +32,13 @@ SECTIONS: list[tuple[str, str]] = [
     ("CPU kernels and bandwidth", "layernorm.commands.bench:report_section"),
     ("CPU versus peers", "layernorm.commands.bench:peers_report_section"),
     ("GPU kernels", "layernorm.commands.bench:gpu_report_section"),
+]
+
+# The user's questions, answered first, in this order: (key of Section.answers, heading).
+QUESTIONS: list[tuple[str, str]] = [
+    ("right", "Is it right?"),
+    ("faster", "Is it faster than what I have?"),
+    ("use", "What to use on this machine"),
 ]
 
 
@@ -44,10 +53,12 @@ class ReportContext:
 @dataclass(frozen=True)
 class Section:
     """A section's verdict (``summary``: Markdown lines, the first the headline, each with the
-    number that supports it) and its details (``body``: Markdown)."""
+    number that supports it), its details (``body``: Markdown) and its answers to any of
+    :data:`QUESTIONS` (``answers``: key -> Markdown, plain sentences first)."""
 
     summary: list[str]
     body: str
+    answers: dict[str, str] = field(default_factory=dict)
 
 
 def anchor(title: str) -> str:
@@ -63,6 +74,19 @@ def folded(summary: str, text: str) -> str:
 def _section(spec: str, ctx: ReportContext) -> Section:
     module, func = spec.split(":")
     return getattr(importlib.import_module(module), func)(ctx)
+
+
+def _answers(done: list[tuple[str, Section, float]]) -> list[str]:
+    """The first screen: each question with every section's answer to it, in section order."""
+    lines = []
+    for key, question in QUESTIONS:
+        said = [(title, sec.answers[key]) for title, sec, _ in done if key in sec.answers]
+        lines += [f"## {question}", ""]
+        if not said:
+            lines += ["No section of this report answers it.", ""]
+        for title, text in said:
+            lines += [f"{text.strip()} ([{title.lower()}]({anchor(title)}))", ""]
+    return lines
 
 
 def _summary(done: list[tuple[str, Section, float]]) -> list[str]:
@@ -94,9 +118,10 @@ def write_report(outdir: Path, quick: bool = False) -> Path:
         "",
         f"What layernorm {__version__} does on this machine ({info.get('cpu', '?')}, "
         f"{info.get('logical cpus', '?')} logical CPUs): written by `{command}` on {started} "
-        f"in {time.perf_counter() - t_start:.0f} s. Each line below is a section's verdict "
-        "with the figure behind it; the sections follow.",
+        f"in {time.perf_counter() - t_start:.0f} s. First the answers to three questions, "
+        "then each section's verdict with the figure behind it, then the sections.",
         "",
+        *_answers(done),
         *_summary(done),
         "",
         "## Machine",
