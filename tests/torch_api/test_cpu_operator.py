@@ -179,9 +179,14 @@ def test_one_thread_means_one_thread():
 _FORK = textwrap.dedent("""
     import numpy as np, torch, layernorm.torch as lt, layernorm.cpu as lnc
     torch.set_num_threads(2)
-    x = torch.randn(2048, 512)
-    lt.layer_norm(x, 512)                      # the parent's pools have run
-    lnc.layer_norm_forward(x.numpy())
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), lt.RMSNorm(512))
+
+    def evaluate():                            # both APIs' pools run in the parent
+        x = torch.randn(2048, 512, requires_grad=True)
+        y, h = lt.add_layer_norm(x, torch.randn(2048, 512), 512)
+        (y.sum() + h.sum() + model(x).sum()).backward()
+        y, c = lnc.layer_norm_forward(x.detach().numpy())
+        lnc.layer_norm_backward(y, c)
 
     class Rows(torch.utils.data.Dataset):
         def __len__(self):
@@ -192,15 +197,19 @@ _FORK = textwrap.dedent("""
             return lt.layer_norm(t, 512) - torch.from_numpy(y)
 
     loader = torch.utils.data.DataLoader(Rows(), batch_size=2, num_workers=2)
-    worst = max(float(b.abs().max()) for b in loader)
+    worst = 0.0
+    for epoch in range(2):                     # each epoch forks new workers after evaluate()
+        evaluate()
+        worst = max([worst, *(float(b.abs().max()) for b in loader)])
     print(worst)
 """)
 
 
 def test_dataloader_workers_forked_after_a_kernel_ran():
-    """Protects fork safety: after the parent ran kernels through both APIs, DataLoader
-    workers (fork, Linux's default) run both APIs' kernels and return the right rows,
-    instead of dying on a threading layer that cannot be forked."""
+    """Protects fork safety: in a training loop that evaluates (forward and backward through
+    both APIs, two threads) and then starts an epoch's DataLoader workers (fork, Linux's
+    default), twice, the workers run both APIs' kernels and return the right rows, instead of
+    dying on a threading layer that cannot be forked."""
     if sys.platform != "linux":
         pytest.skip("fork is the start method on Linux")
     done = subprocess.run([sys.executable, "-c", _FORK], capture_output=True, text=True,
