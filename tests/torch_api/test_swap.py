@@ -4,8 +4,10 @@ compute, train and serialise as before, and only the known classes are swapped."
 from __future__ import annotations
 
 import copy
+import pickle
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -251,7 +253,8 @@ def test_shared_module_swapped_once():
 
 def test_unknown_and_hooked_norms_left_in_place():
     """Protects against silent changes of behaviour: a subclass with its own forward is not
-    a known class and stays; a known module with a hook stays, with a warning naming it."""
+    a class of the table and stays; a table class with a hook, a forward set on the instance
+    or an extra parameter stays; one warning names each with its reason."""
 
     class Shifted(torch.nn.LayerNorm):
         def forward(self, input):
@@ -259,20 +262,186 @@ def test_unknown_and_hooked_norms_left_in_place():
 
     hooked = torch.nn.LayerNorm(8)
     hooked.register_forward_hook(lambda module, args, out: out * 2)
-    model = torch.nn.Sequential(Shifted(8), hooked, torch.nn.LayerNorm(8))
-    with pytest.warns(UserWarning, match=r"left 1 norm module\(s\) in place: 1 .*hooks"):
-        assert lt.replace_norms(model) == 1
-    assert type(model[0]) is Shifted and model[1] is hooked
-    assert type(model[2]) is lt.LayerNorm
+    patched = torch.nn.RMSNorm(8)
+    patched.forward = lambda x: x
+    extra = torch.nn.LayerNorm(8)
+    extra.gain = torch.nn.Parameter(torch.ones(1))
+    model = torch.nn.Sequential(Shifted(8), hooked, patched, extra, torch.nn.LayerNorm(8))
+    with pytest.warns(UserWarning) as record:
+        summary = lt.replace_norms(model)
+    assert summary == 1 and summary.swapped == {"LayerNorm": 1}
+    assert len(record) == 1
+    assert str(record[0].message) == (
+        "replace_norms left 4 norm-like module(s) in place: Shifted at 0: its class is not in "
+        "replace_norms' table, so it may compute something else; LayerNorm at 1: it has hooks; "
+        "RMSNorm at 2: its forward is replaced on the instance; LayerNorm at 3: it holds gain "
+        "beyond what its recipe takes")
+    assert summary.left == {"Shifted": {"0": "its class is not in replace_norms' table, so it "
+                                              "may compute something else"},
+                            "LayerNorm": {"1": "it has hooks",
+                                          "3": "it holds gain beyond what its recipe takes"},
+                            "RMSNorm": {"2": "its forward is replaced on the instance"}}
+    assert [type(m) for m in model] == [Shifted, torch.nn.LayerNorm, torch.nn.RMSNorm,
+                                        torch.nn.LayerNorm, lt.LayerNorm]
 
 
-def test_bad_model():
+class MyRMSNorm(torch.nn.Module):
+    """A user's own RMSNorm: norm-like by its name, in no table."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class BlockLayerNorm(torch.nn.Module):
+    """A block named after its norm (as transformers' Wav2Vec2EncoderLayerStableLayerNorm):
+    not a norm itself."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.linear, self.norm = torch.nn.Linear(d, d), torch.nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.norm(self.linear(x))
+
+
+def test_what_is_norm_like():
+    """Protects the scope of the warning: a user's RMSNorm and a lower-case-named LayerNorm are
+    named; a block holding norms is not (its norm is swapped, also on a second call); BatchNorm,
+    GroupNorm and InstanceNorm are out of scope; our own modules are never named."""
+
+    class Mylayernorm(MyRMSNorm):
+        pass
+
+    model = torch.nn.Sequential(MyRMSNorm(8), Mylayernorm(8), BlockLayerNorm(8),
+                                torch.nn.BatchNorm1d(8), torch.nn.GroupNorm(2, 8),
+                                torch.nn.InstanceNorm1d(8), lt.RMSNorm(8))
+    with pytest.warns(UserWarning, match=r"left 2 norm-like module\(s\) in place: MyRMSNorm at "
+                      r"0: its class is not in replace_norms' table.*; Mylayernorm at 1: "):
+        summary = lt.replace_norms(model)
+    assert summary.swapped == {"LayerNorm": 1}
+    assert list(summary.left) == ["MyRMSNorm", "Mylayernorm"]
+    assert type(model[2].norm) is lt.LayerNorm and type(model[2]) is BlockLayerNorm
+    with pytest.warns(UserWarning, match=r"left 2 norm-like"):  # the block is still not named
+        assert lt.replace_norms(model) == 0
+
+
+def test_summary_reads_as_the_count():
+    """Protects the return value where callers used the count: it is an int (==, truthiness,
+    print, f-strings, arithmetic, copy and pickle keep it), with the classes swapped and left
+    and a repr that lists both."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.RMSNorm(8),
+                                torch.nn.LayerNorm(8), MyRMSNorm(8))
+    with pytest.warns(UserWarning):
+        n = lt.replace_norms(model)
+    assert isinstance(n, int) and isinstance(n, lt.SwapSummary)
+    assert n == 3 and n and n + 1 == 4 and int(n) == 3
+    assert (str(n), f"{n} norms", f"{n:>3}", f"{n:d}") == ("3", "3 norms", "  3", "3")
+    assert n.swapped == {"LayerNorm": 2, "RMSNorm": 1}
+    assert n.left == {"MyRMSNorm": {"3": "its class is not in replace_norms' table, so it may "
+                                         "compute something else"}}
+    assert repr(n) == ("<replace_norms: 3 swapped (LayerNorm 2, RMSNorm 1), "
+                       "1 left (MyRMSNorm 1)>")
+    for again in (pickle.loads(pickle.dumps(n)), copy.copy(n)):
+        assert again == 3 and again.swapped == n.swapped and again.left == n.left
+    none = lt.replace_norms(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    assert none == 0 and not none and repr(none) == "<replace_norms: 0 swapped, 0 left>"
+
+
+def test_only_one_kind():
+    """Protects ``only``: "rms" swaps the RMSNorms (by what a class computes: T5LayerNorm is
+    one) and "layer" the LayerNorms; the other kind is left without a word, and a norm-like
+    module outside the table counts by its name."""
+    def model():
+        return torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.RMSNorm(8), MyRMSNorm(8))
+
+    m = model()
+    with pytest.warns(UserWarning, match="MyRMSNorm at 2"):
+        n = lt.replace_norms(m, only="rms")
+    assert n.swapped == {"RMSNorm": 1} and list(n.left) == ["MyRMSNorm"]
+    assert [type(x) for x in m] == [torch.nn.LayerNorm, lt.RMSNorm, MyRMSNorm]
+    m = model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        n = lt.replace_norms(m, only="layer")
+    assert n.swapped == {"LayerNorm": 1} and n.left == {}
+    assert [type(x) for x in m] == [lt.LayerNorm, torch.nn.RMSNorm, MyRMSNorm]
+
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    m = torch.nn.Sequential(t5.T5LayerNorm(8), torch.nn.LayerNorm(8))
+    assert lt.replace_norms(m, only="rms").swapped == {"T5LayerNorm": 1}
+    assert type(m[0]) is lt.RMSNorm and type(m[1]) is torch.nn.LayerNorm
+
+
+def test_strict_refuses_before_changing_anything():
+    """Protects strict=True: where anything norm-like would be left, a ValueError names it and
+    why, and the model is untouched (no half-swapped model); where nothing would be, it swaps
+    as without strict."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(8), MyRMSNorm(8), torch.nn.RMSNorm(8))
+    before = list(model)
+    with pytest.raises(ValueError, match=r"replace_norms\(strict=True\) would leave 1 norm-like "
+                       r"module\(s\) in place, so it changed nothing: MyRMSNorm at 1: its class "
+                       r"is not in replace_norms' table"):
+        lt.replace_norms(model, strict=True)
+    assert all(a is b for a, b in zip(model, before, strict=True))
+    assert lt.replace_norms(model, strict=True, only="layer") == 1  # MyRMSNorm not asked for
+
+
+def test_bad_arguments():
     """Protects the errors: a non-module is a TypeError naming model; a norm given as the
-    model itself cannot be swapped in place, a ValueError."""
+    model itself cannot be swapped in place, a ValueError; only and strict are checked by
+    kind (TypeError) and value (ValueError), each naming its argument."""
     with pytest.raises(TypeError, match="model must be a torch.nn.Module, got str"):
         lt.replace_norms("model")
     with pytest.raises(ValueError, match="model is itself a LayerNorm"):
         lt.replace_norms(torch.nn.LayerNorm(8))
+    with pytest.raises(ValueError, match="model is itself a MyRMSNorm"):
+        lt.replace_norms(MyRMSNorm(8))
+    model = torch.nn.Sequential(torch.nn.LayerNorm(8))
+    with pytest.raises(TypeError, match="only must be None or a str, got tuple"):
+        lt.replace_norms(model, only=("rms",))
+    with pytest.raises(ValueError, match="only must be None, 'rms' or 'layer', got 'batch'"):
+        lt.replace_norms(model, only="batch")
+    with pytest.raises(TypeError, match="strict must be a bool, got int"):
+        lt.replace_norms(model, strict=1)
+    assert type(model[0]) is torch.nn.LayerNorm
+
+
+def test_module_options_the_swap_uses():
+    """Protects the two options of our modules that other libraries' norms need: result_dtype
+    (the promoted dtype, or T5's: the weight's where half) computed in the wider dtype and
+    rounded once, and normalized_shape=None (the last axis, any size, without weight); both
+    checked, and shown in the repr."""
+    torch.manual_seed(0)
+    x16 = torch.randn(3, 8).to(torch.bfloat16)
+    promote = lt.RMSNorm(8, 1e-3, result_dtype="promote")  # float32 weight
+    with torch.no_grad():
+        got = promote(x16)
+        want = torch.nn.functional.rms_norm(x16.float(), (8,), promote.weight, 1e-3)
+    assert got.dtype == torch.float32
+    _close(got, want, "promote")
+    half = lt.LayerNorm(8, result_dtype="half_weight").to(torch.bfloat16)
+    assert half(torch.randn(3, 8)).dtype == torch.bfloat16  # float32 input, bfloat16 weight
+    assert lt.LayerNorm(8, result_dtype="half_weight")(x16).dtype == torch.float32
+    assert lt.LayerNorm(8)(x16).dtype == torch.bfloat16  # torch's rule
+    assert "result_dtype='promote'" in repr(promote)
+
+    any_d = lt.RMSNorm(None, 1e-3, elementwise_affine=False)
+    for d in (5, 12):
+        x = torch.randn(2, d)
+        _close(any_d(x), torch.nn.functional.rms_norm(x, (d,), eps=1e-3), f"last axis of {d}")
+    assert "None (the last axis)" in repr(any_d)
+
+    with pytest.raises(TypeError, match="result_dtype must be a str, got dtype"):
+        lt.RMSNorm(8, result_dtype=torch.float32)
+    with pytest.raises(ValueError, match="result_dtype must be one of input, promote, "
+                                         "half_weight, got 'weight'"):
+        lt.LayerNorm(8, result_dtype="weight")
+    with pytest.raises(ValueError, match="normalized_shape None .* needs elementwise_affine"):
+        lt.LayerNorm(None)
 
 
 def test_transformers_not_imported():

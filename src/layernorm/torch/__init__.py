@@ -6,7 +6,8 @@
     y, h = lt.add_layer_norm(x, residual, (D,), weight, bias)   # h = x + residual, y = LN(h)
     y, h = lt.add_rms_norm(x, residual, (D,), weight)
     lt.LayerNorm(D), lt.RMSNorm(D)                       # subclasses of torch's modules
-    lt.replace_norms(model)                              # swap a model's norms in place
+    n = lt.replace_norms(model)                          # swap a model's norms in place:
+                                                         # n.swapped, n.left by class
 
 CPU tensors run the fused Numba kernels on the tensors' own memory; CUDA tensors run the
 Triton kernels. float16, bfloat16, float32 and float64 on both. Each function is a
@@ -29,11 +30,12 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from . import _distributed  # noqa: F401 - how DTensor shards the ops, once DTensor is imported
 from ._functional import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from ._modules import LayerNorm, RMSNorm
-from ._swap import replace_norms
+from ._swap import SwapSummary, replace_norms
 
 __all__ = [
     "LayerNorm",
     "RMSNorm",
+    "SwapSummary",
     "add_layer_norm",
     "add_rms_norm",
     "layer_norm",

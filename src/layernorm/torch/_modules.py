@@ -1,8 +1,18 @@
 """``LayerNorm`` and ``RMSNorm``: subclasses of torch's modules computed by the fused ops.
 
-Same constructor (plus ``zero_centered_gamma``), parameters and state dict as
-``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm``, so each loads the state dict of the module it
+Same constructor (plus ``zero_centered_gamma`` and ``result_dtype``), parameters and state dict
+as ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm``, so each loads the state dict of the module it
 replaces and takes its place in a model unchanged; the repr names the class as ours.
+
+Two options serve modules taking the place of other libraries' norms (``replace_norms``):
+- ``result_dtype``: the dtype of the result where the weight's dtype is not the input's:
+  "input" (torch's rule, the default), "promote" (the promoted dtype of input, weight and bias,
+  as ``weight * normed`` returns) or "half_weight" (the weight's dtype where that is float16 or
+  bfloat16, else as "promote": T5's rule). The norm is computed in the wider of the input's and
+  the result's dtype and rounded once to the result's.
+- ``normalized_shape=None`` (only without weight and bias): the last axis, whatever its size,
+  as a weightless norm that does not fix its size normalizes; the attribute then reads ``()``
+  (still a tuple, as torch's type says).
 """
 
 from __future__ import annotations
@@ -16,11 +26,31 @@ from ._functional import layer_norm, rms_norm
 
 __all__ = ["LayerNorm", "RMSNorm"]
 
+RESULT_DTYPES = ("input", "promote", "half_weight")
+_HALF = (torch.float16, torch.bfloat16)
+
 
 class _Ours:
-    """What both modules add to torch's: zero-centred gamma, and a name that says whose."""
+    """What both modules add to torch's: zero-centred gamma, the result's dtype, the last axis
+    of any size, and a name that says whose."""
 
     zero_centered_gamma: bool
+    result_dtype: str
+
+    def _options(self, normalized_shape: object, elementwise_affine: bool,
+                 zero_centered_gamma: bool, result_dtype: object) -> object:
+        """Check and keep the options; ``normalized_shape`` as torch's constructor takes it."""
+        if not isinstance(result_dtype, str):
+            raise TypeError(f"result_dtype must be a str, got {type(result_dtype).__name__}")
+        if result_dtype not in RESULT_DTYPES:
+            raise ValueError(f"result_dtype must be one of {', '.join(RESULT_DTYPES)}, got "
+                             f"{result_dtype!r}")
+        if normalized_shape is None and elementwise_affine:
+            raise ValueError("normalized_shape None (the last axis, any size) needs "
+                             "elementwise_affine=False: a weight fixes the size")
+        self.zero_centered_gamma = zero_centered_gamma
+        self.result_dtype = result_dtype
+        return () if normalized_shape is None else normalized_shape
 
     def _get_name(self) -> str:  # the repr's class name
         return f"layernorm.torch.{type(self).__name__}"
@@ -31,51 +61,91 @@ class _Ours:
             with torch.no_grad():
                 self.weight.zero_()
 
+    def _shape(self, x: Tensor) -> tuple[int, ...] | int:
+        # () stands for normalized_shape=None: the last axis of x
+        return self.normalized_shape or x.shape[-1]
+
+    def _result(self, x: Tensor) -> torch.dtype | None:
+        """The result's dtype where ``result_dtype`` makes it other than x's (else None)."""
+        if self.result_dtype == "input":  # the common case first: it costs least
+            return None
+        params = [p for p in (self.weight, getattr(self, "bias", None)) if p is not None]
+        if all(p.dtype == x.dtype for p in params):
+            return None
+        if self.result_dtype == "half_weight" and self.weight is not None \
+                and self.weight.dtype in _HALF:
+            return self.weight.dtype
+        out = x.dtype
+        for p in params:
+            out = torch.promote_types(out, p.dtype)
+        return out
+
+    def _run(self, norm, x: Tensor, *params: Tensor | None) -> Tensor:
+        """``norm(x, shape, *params, eps)`` in the wider of x's and the result's dtype, rounded
+        once to the result's dtype."""
+        out = self._result(x)
+        if out is None:
+            return norm(x, self._shape(x), *params, self.eps,
+                        zero_centered_gamma=self.zero_centered_gamma)
+        x = x.to(torch.promote_types(x.dtype, out))
+        return norm(x, self._shape(x), *params, self.eps,
+                    zero_centered_gamma=self.zero_centered_gamma).to(out)
+
     def extra_repr(self) -> str:
         base = super().extra_repr()  # type: ignore[misc]
-        return f"{base}, zero_centered_gamma=True" if self.zero_centered_gamma else base
+        if not self.normalized_shape:
+            base = base.replace("()", "None (the last axis)", 1)
+        if self.zero_centered_gamma:
+            base += ", zero_centered_gamma=True"
+        if self.result_dtype != "input":
+            base += f", result_dtype={self.result_dtype!r}"
+        return base
 
 
 class LayerNorm(_Ours, torch.nn.LayerNorm):
     """``torch.nn.LayerNorm`` computed by :func:`layernorm.torch.layer_norm`.
 
-    With ``zero_centered_gamma=True`` the scale is 1 + weight and the weight starts at zero.
+    With ``zero_centered_gamma=True`` the scale is 1 + weight and the weight starts at zero;
+    ``result_dtype`` and ``normalized_shape=None`` as in the module docstring.
     """
 
-    def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5,
+    def __init__(self, normalized_shape: int | Sequence[int] | None, eps: float = 1e-5,
                  elementwise_affine: bool = True, bias: bool = True, device=None, dtype=None,
-                 *, zero_centered_gamma: bool = False) -> None:
-        self.zero_centered_gamma = zero_centered_gamma
-        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+                 *, zero_centered_gamma: bool = False, result_dtype: str = "input") -> None:
+        shape = self._options(normalized_shape, elementwise_affine, zero_centered_gamma,
+                              result_dtype)
+        super().__init__(shape, eps, elementwise_affine, bias, device, dtype)
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
         self._zero_centred_init()
 
     def forward(self, input: Tensor) -> Tensor:
-        """Normalized ``input`` (..., *normalized_shape), same shape and dtype."""
-        return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps,
-                          zero_centered_gamma=self.zero_centered_gamma)
+        """Normalized ``input`` (..., *normalized_shape), same shape; input's dtype unless
+        ``result_dtype`` says otherwise."""
+        return self._run(layer_norm, input, self.weight, self.bias)
 
 
 class RMSNorm(_Ours, torch.nn.RMSNorm):
     """``torch.nn.RMSNorm`` computed by :func:`layernorm.torch.rms_norm`.
 
     With ``zero_centered_gamma=True`` the scale is 1 + weight (Gemma's convention) and the
-    weight starts at zero.
+    weight starts at zero; ``result_dtype`` and ``normalized_shape=None`` as in the module
+    docstring.
     """
 
-    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None,
+    def __init__(self, normalized_shape: int | Sequence[int] | None, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None,
-                 *, zero_centered_gamma: bool = False) -> None:
-        self.zero_centered_gamma = zero_centered_gamma
-        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+                 *, zero_centered_gamma: bool = False, result_dtype: str = "input") -> None:
+        shape = self._options(normalized_shape, elementwise_affine, zero_centered_gamma,
+                              result_dtype)
+        super().__init__(shape, eps, elementwise_affine, device, dtype)
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
         self._zero_centred_init()
 
     def forward(self, x: Tensor) -> Tensor:
-        """Normalized ``x`` (..., *normalized_shape), same shape and dtype."""
-        return rms_norm(x, self.normalized_shape, self.weight, self.eps,
-                        zero_centered_gamma=self.zero_centered_gamma)
+        """Normalized ``x`` (..., *normalized_shape), same shape; x's dtype unless
+        ``result_dtype`` says otherwise."""
+        return self._run(rms_norm, x, self.weight)
