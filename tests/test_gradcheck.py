@@ -458,3 +458,69 @@ def test_a_step_outside_the_domain_is_inconclusive(mode):
     a = np.array([1e-6, 1.0, 4.0])
     with pytest.raises(ln.GradcheckInconclusive, match="not finite"):
         ln.check_vjp(np.sqrt, lambda a, v: (0.5 / np.sqrt(a) * v,), (a,), mode=mode)
+
+
+def _relu_vjp(at_zero):
+    return lambda a, v: (np.where(a > 0, 1.0, np.where(a == 0, at_zero, 0.0)) * v,)
+
+
+KINKS = {  # name: (f, a VJP whose value at the kink is one of the one-sided derivatives)
+    "max(a, 0), 0 at 0": (lambda a: np.maximum(a, 0), _relu_vjp(0.0)),
+    "max(a, 0), 1 at 0": (lambda a: np.maximum(a, 0), _relu_vjp(1.0)),
+    "|a|, 1 at 0": (np.abs, lambda a, v: (np.where(a >= 0, 1.0, -1.0) * v,)),
+    "|a| + a², -1 at 0": (lambda a: np.abs(a) + a * a,
+                          lambda a, v: ((np.where(a > 0, 1.0, -1.0) + 2 * a) * v,)),
+}
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+@pytest.mark.parametrize("kink", list(KINKS))
+def test_a_kink_is_inconclusive(kink, mode):
+    """Protects the verdict at a kink: max(a, 0) and |a| at an exact 0 raised GradcheckError,
+    since central differences at h and h/2 agree there (on the mean of the one-sided
+    derivatives); the forward and backward differences, which disagree by the same amount at
+    both steps, now make it inconclusive. It costs no evaluation of f beyond the retry at h/2
+    that every failing comparison makes."""
+    f, f_vjp = KINKS[kink]
+    a = np.array([0.0, 1.5, -2.0, 0.0, 0.7])
+    with pytest.raises(ln.GradcheckInconclusive, match="kink") as info:
+        ln.check_vjp(f, f_vjp, (a,), mode=mode)
+    assert info.value.arg == "arg0" and info.value.hidden > 1e-3
+    calls = []
+
+    def counted(a):
+        calls.append(1)
+        return f(a)
+
+    with pytest.raises(ln.GradcheckInconclusive, match="kink"):
+        ln.check_vjp(counted, f_vjp, (np.zeros(1),), mode="full")
+    assert len(calls) == 1 + 2 + 2  # the point, a ± h, a ± h/2
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_the_mean_of_the_one_sided_derivatives_passes_at_a_kink(mode):
+    """Protects what the module docstring states: at a kink, central differences measure the
+    mean of the two one-sided derivatives, so sign(0) = 0 for |a|, or 1/2 for max(a, 0) at 0,
+    passes."""
+    a = np.array([0.0, 1.5, -2.0, 0.0, 0.7])
+    ln.check_vjp(np.abs, lambda a, v: (np.sign(a) * v,), (a,), mode=mode)
+    ln.check_vjp(lambda a: np.maximum(a, 0), _relu_vjp(0.5), (a,), mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_smooth_functions_at_zero_keep_their_verdicts(mode):
+    """Protects the kink test from excusing wrong gradients: a smooth function at the same
+    points (its forward and backward differences disagree too, by an amount that halves with
+    the step) passes its right gradient and fails one 1% off, or off by a constant at 0; so
+    does a wrong gradient beside a kink in full mode, which checks each element."""
+    a = np.array([0.0, 1.5, -2.0, 0.0, 0.7])
+    f = lambda a: a * a + np.sin(a)  # noqa: E731
+    ln.check_vjp(f, lambda a, v: ((2 * a + np.cos(a)) * v,), (a,), mode=mode)
+    for wrong in (lambda a, v: (1.01 * (2 * a + np.cos(a)) * v,),
+                  lambda a, v: ((2 * a + np.cos(a) + (a == 0)) * v,)):
+        with pytest.raises(ln.GradcheckError):
+            ln.check_vjp(f, wrong, (a,), mode=mode)
+    if mode == "full":
+        with pytest.raises(ln.GradcheckError, match=r"index \(2,\)"):
+            ln.check_vjp(lambda a: np.maximum(a, 0), lambda a, v: ((a >= 0) * v + (a < -1) * v,),
+                         (a,), mode=mode)

@@ -31,6 +31,17 @@ Where rounding against a large |a| bent the steps off u, there is no extrapolati
 only if the difference at h/2 is out of tolerance and about the same at h (a wrong gradient
 does not depend on the step; truncation does).
 
+Kinks. At a kink (max(a, 0) or |a| at 0) the central differences at h and h/2 agree with
+each other, on the mean of the two one-sided derivatives, so an analytic value equal to that
+mean (sign(0) = 0 for |a|) passes, and any other fails the comparison above. Such a failure
+is then checked for a kink with f at the point, already computed, so no further evaluations:
+the forward and backward differences differ by gap(s) = v·(f(a₊) - 2f(a) + f(a₋))/s, which a
+smooth f makes c·s + O(s³) and a kink a constant. Where gap(h) - 2·gap(h/2) (the part that stays
+as the step halves) exceeds both gap(h) - gap(h/2) (the part that shrinks) and the tolerance
+(atol + rtol·the derivative's size + its round-off), the comparison is inconclusive, not
+failed. Rounding can make a₊ - a and a - a₋ unequal, which adds (vᵀJ)·(a₊ + a₋ - 2a)/s to the
+gap; the analytic vᵀJ removes it, and what a wrong vᵀJ leaves is allowed for, 1e5 times over.
+
 Never a silent pass. A passing comparison must also have a round-off allowance within atol
 or RESOLUTION (1e-5) of the derivative's size (the largest of |analytic|, |numerical| and the
 argument's scale over the step taken): in fast mode a gradient wrong by a relative δ then
@@ -41,7 +52,8 @@ and f's output is not), or where a ± h·u rounds to a for more than half the st
 against h), the comparison is repeated with a step WIDEN (64) times longer. Where the check
 still cannot judge, it raises :class:`GradcheckInconclusive` instead of passing; also where
 the differences at h and h/2 disagree by more than they differ from the analytic value (f is
-not smooth on the scale of the step), and where f is not finite at a ± h.
+not smooth on the scale of the step), where f has a kink (above), and where f is not finite
+at a ± h.
 
 Step: h = 6e-6·max(1, std(a)) (ε^(1/3) balances truncation against round-off, scaled by
 the spread of a, not its size: x = 1e4 + N(0, 1) needs a step against 1, not 1e4). Fast
@@ -80,6 +92,10 @@ __all__ = [
 RESOLUTION = 1e-5
 # Where round-off hides the derivative, the comparison is repeated with a step this much longer.
 WIDEN = 64.0
+# A kink is believed only where it exceeds this many times what a wrong gradient could add to
+# it through unequal rounded steps: two random projections of the error differ by this factor
+# with a chance of about 6e-6.
+_SKEW_MARGIN = 1e5
 
 
 class GradcheckError(Exception):
@@ -242,7 +258,9 @@ class _Problem:
             np.array(a, dtype=np.float64, copy=True) if _differentiable(a) else a for a in args
         ]
         self.diff = [i for i, a in enumerate(args) if _differentiable(a)]
-        self.layout = _as_output(f(*self.args))[1]  # f's layout, checked at the point
+        # f at the point: its layout, checked at every evaluation, and its value, which the
+        # one-sided differences of a failing comparison need
+        self.at_point, self.layout = _as_output(f(*self.args))
 
     def out(self, args: list) -> np.ndarray:
         flat, layout = _as_output(self.f(*args))
@@ -284,21 +302,42 @@ class _Problem:
             )
         return arr.astype(np.float64)
 
-    def difference(self, i: int, u: np.ndarray, v: np.ndarray, h: float) -> tuple:
-        """Central difference of v·f along h·u in arg i.
-
-        Returns (numerical derivative, the step taken a₊ - a₋ divided by 2h, round-off bound).
-        """
+    def difference(self, i: int, u: np.ndarray, v: np.ndarray, h: float) -> _Difference:
+        """Central difference of v·f along h·u in arg i, with what the one-sided ones need."""
+        a = self.args[i]
         args = list(self.args)
-        args[i] = ap = self.args[i] + h * u
+        args[i] = ap = a + h * u
         fp = self.out(args)
-        args[i] = am = self.args[i] - h * u
+        args[i] = am = a - h * u
         fm = self.out(args)
+        f0 = self.at_point
         # NumPy's pairwise sums, not np.dot: BLAS threads a long dot product, which costs more
         # than it gains once per element of a full Jacobian on a busy machine
-        num = float(np.sum(v * (fp - fm))) / (2 * h)
-        noise = 2 * float(np.sum(self.layout.eps * np.abs(v) * (np.abs(fp) + np.abs(fm)))) / (2 * h)
-        return num, (ap - am) / (2 * h), noise
+        av = self.layout.eps * np.abs(v)  # (size,) ε·|v|
+        return _Difference(
+            num=float(np.sum(v * (fp - fm))) / (2 * h),
+            step=(ap - am) / (2 * h),
+            noise=2 * float(np.sum(av * (np.abs(fp) + np.abs(fm)))) / (2 * h),
+            bend=float(np.sum(v * ((fp - f0) - (f0 - fm)))),
+            bend_noise=2 * float(np.sum(av * (np.abs(fp) + 2 * np.abs(f0) + np.abs(fm)))),
+            skew=(ap - a) + (am - a),
+        )
+
+
+@dataclass(frozen=True)
+class _Difference:
+    """Finite differences of v·f at a ± h·u (rounded to a₊, a₋): ``num`` the central one,
+    ``step`` = (a₊ - a₋)/2h, ``noise`` the round-off bound of num; ``bend`` =
+    v·(f(a₊) - 2f(a) + f(a₋)), h times the forward difference less the backward one,
+    ``bend_noise`` its round-off bound, and ``skew`` = a₊ + a₋ - 2a, by which rounding made
+    the two steps unequal."""
+
+    num: float
+    step: np.ndarray
+    noise: float
+    bend: float
+    bend_noise: float
+    skew: np.ndarray
 
 
 def _differentiable(a: object) -> bool:
@@ -316,8 +355,9 @@ def _step(a: np.ndarray, eps: float | None, fast: bool) -> float:
 @dataclass(frozen=True)
 class _Verdict:
     """One comparison: ``status`` is "pass", "fail" or "inconclusive"; ``why`` says what made
-    it inconclusive: "roundoff", "rough" (steps h and h/2 disagree), "step" (the step rounds
-    away against |a|) or "domain" (f is not finite at a ± h)."""
+    it inconclusive: "roundoff", "rough" (steps h and h/2 disagree), "kink" (forward and
+    backward differences disagree at both steps), "step" (the step rounds away against |a|) or
+    "domain" (f is not finite at a ± h)."""
 
     status: str
     analytic: float
@@ -384,37 +424,62 @@ def _compare(p: _Problem, i: int, g: np.ndarray, u: np.ndarray, v: np.ndarray, h
 
 def _compare_at(p: _Problem, i: int, g: np.ndarray, u: np.ndarray, v: np.ndarray, h: float,
                 lim: _Limits, retry: bool) -> _Verdict:
-    """Compare (vᵀJ)·u with central differences at h; on failure, extrapolate from h and h/2."""
-    num, step, noise = p.difference(i, u, v, h)
-    ana = float(np.vdot(g, step))
+    """Compare (vᵀJ)·u with central differences at h; on failure, extrapolate from h and h/2,
+    and call what still fails inconclusive where f has a kink along u."""
+    d1 = p.difference(i, u, v, h)
+    ana = float(np.vdot(g, d1.step))
     unit = float(np.linalg.norm(u))
-    moved = float(np.linalg.norm(step)) / unit
-    tol = lim.atol + lim.rtol * (abs(ana) + lim.scale) + noise
-    first = lim.judge(ana, num, tol, noise, h, moved)
+    moved = float(np.linalg.norm(d1.step)) / unit
+    tol = lim.atol + lim.rtol * (abs(ana) + lim.scale) + d1.noise
+    first = lim.judge(ana, d1.num, tol, d1.noise, h, moved)
     if first.status != "fail" or not retry or not np.isfinite(ana):
         return first
-    num2, step2, noise2 = p.difference(i, u, v, h / 2)
-    ana2 = float(np.vdot(g, step2))
-    moved2 = float(np.linalg.norm(step2)) / unit
+    d2 = p.difference(i, u, v, h / 2)
+    ana2 = float(np.vdot(g, d2.step))
+    moved2 = float(np.linalg.norm(d2.step)) / unit
     # Residuals r = num - ana at h and h/2: r(h) = e + c h² + ..., Richardson removes c h²,
     # provided both steps were taken along u (rounding against a large |a| may bend them).
-    r1, r2 = num - ana, num2 - ana2
+    r1, r2 = d1.num - ana, d2.num - ana2
     change = abs(r1 - r2)
-    straight = max(float(np.linalg.norm(step - u)), float(np.linalg.norm(step2 - u))) <= 0.01 * unit
-    if straight:
-        noise_r = (4 * noise2 + noise) / 3
+    bent = max(float(np.linalg.norm(d.step - u)) for d in (d1, d2))
+    if bent <= 0.01 * unit:
+        noise_r = (4 * d2.noise + d1.noise) / 3
         tol_r = lim.atol + lim.rtol * (abs(ana2) + lim.scale) + noise_r
-        return lim.judge(ana2, ana2 + (4 * r2 - r1) / 3, tol_r, noise_r, h, min(moved, moved2),
-                         extrapolated=True, change=change)
-    # Steps bent by rounding: no extrapolation. A wrong gradient leaves the same residual at
-    # both steps; truncation on a scale the rounding distorts does not.
-    vd = lim.judge(ana2, num2, lim.atol + lim.rtol * (abs(ana2) + lim.scale) + noise2, noise2,
-                   h, moved2)
-    if vd.status == "inconclusive" or (vd.status == "fail"
-                                       and change <= 0.5 * min(abs(r1), abs(r2))):
-        return vd  # what h/2 says it cannot judge keeps its own reason
-    return replace(vd, status="inconclusive", why="rough", hidden=change,
-                   size=max(abs(ana2), lim.scale * moved2))
+        vd = lim.judge(ana2, ana2 + (4 * r2 - r1) / 3, tol_r, noise_r, h, min(moved, moved2),
+                       extrapolated=True, change=change)
+    else:
+        # Steps bent by rounding: no extrapolation. A wrong gradient leaves the same residual
+        # at both steps; truncation on a scale the rounding distorts does not.
+        vd = lim.judge(ana2, d2.num, lim.atol + lim.rtol * (abs(ana2) + lim.scale) + d2.noise,
+                       d2.noise, h, moved2)
+        wrong = vd.status == "fail" and change <= 0.5 * min(abs(r1), abs(r2))
+        if vd.status != "inconclusive" and not wrong:
+            vd = replace(vd, status="inconclusive", why="rough", hidden=change,
+                         size=max(abs(ana2), lim.scale * moved2))
+    # what h/2 says it cannot judge keeps its own reason; what fails may be a kink
+    return _kink(vd, g, h, unit, d1, d2, lim) if vd.status == "fail" else vd
+
+
+def _kink(vd: _Verdict, g: np.ndarray, h: float, unit: float, d1: _Difference, d2: _Difference,
+          lim: _Limits) -> _Verdict:
+    """The failed verdict ``vd`` from the differences d1 at h and d2 at h/2, or inconclusive
+    where f has a kink along u (module docstring, Kinks)."""
+    # the gap between forward and backward differences, less what the unequal rounded steps
+    # add to it (through the analytic vᵀJ)
+    gap1 = (d1.bend - float(np.vdot(g, d1.skew))) / h
+    gap2 = (d2.bend - float(np.vdot(g, d2.skew))) / (h / 2)
+    # the gap's part that stays as the step halves, and the part that shrinks with it (all of
+    # a smooth f's gap; its terms in h³ and beyond show in stays too, so stays must exceed it)
+    stays, shrinks = abs(gap1 - 2 * gap2), abs(gap1 - gap2)
+    noise = d1.bend_noise / h + 4 * d2.bend_noise / h
+    # a wrong gradient's error e adds e·(skew(h) - 4·skew(h/2))/h to stays: this share of e·u
+    skew = float(np.linalg.norm(d1.skew - 4 * d2.skew)) / (h * unit)
+    # the derivative's size, as a wrong gradient would show it: both values, and the typical
+    # size over the step taken
+    size = max(abs(vd.analytic), abs(d2.num), lim.scale * float(np.linalg.norm(d2.step)) / unit)
+    if stays > max(shrinks, lim.atol + lim.rtol * size + noise + _SKEW_MARGIN * skew * vd.err):
+        return replace(vd, status="inconclusive", why="kink", hidden=stays, size=size)
+    return vd
 
 
 def _full(
@@ -480,6 +545,10 @@ def _inconclusive(name: str, index: tuple[int, ...] | None, vd: _Verdict,
                     f"the step {h:.3g}: f's output has a large constant part or barely changes "
                     f"over the step; check f without the constant part, pass a larger eps, or a "
                     f"larger atol if derivatives below it do not matter",
+        "kink": f"forward and backward differences disagree by {vd.hidden:.3g} at steps "
+                f"{h:.3g} and {h / 2:.3g} alike, where a smooth f's disagreement halves with "
+                f"the step: f has a kink here (as max(a, 0) at 0), where central differences "
+                f"cannot judge a gradient; check at a point away from it",
         "step": f"the step {h:.3g} rounds away against the argument's magnitude (a ± h·u is a "
                 f"for {100 * vd.hidden:.0f}% of the step): pass a larger eps",
         "domain": f"f is not finite at the argument ± {h:.3g}: pass a smaller eps",
