@@ -3,7 +3,9 @@ the report file, python -m."""
 
 from __future__ import annotations
 
+import importlib
 import re
+import signal
 import subprocess
 import sys
 
@@ -218,6 +220,47 @@ def test_a_missing_optional_dependency_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cost, "run", a_bug)
     with pytest.raises(ModuleNotFoundError):
         cli.main(["cost"])
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_ctrl_c_ends_any_command_with_one_line_and_status_130(name, monkeypatch, capsys):
+    """Protects Ctrl-C: a KeyboardInterrupt in any command printed a traceback; now it is one
+    line on stderr naming the command, exit status 130 (128 + SIGINT), and so it is while the
+    parser is built, before a command is known."""
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    def main(argv):  # a KeyboardInterrupt that escapes is a failure, not the end of pytest
+        try:
+            return cli.main(argv)
+        except KeyboardInterrupt:
+            pytest.fail("KeyboardInterrupt escaped main()")
+
+    monkeypatch.setattr(importlib.import_module(cli.COMMANDS[name]), "run", interrupted)
+    assert main([name]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == f"layernorm {name}: interrupted\n" and captured.out == ""
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main([name]) == 130
+    assert capsys.readouterr().err == "layernorm: interrupted\n"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT is a POSIX signal")
+def test_sigint_ends_a_running_command_with_one_line(tmp_path):
+    """Protects Ctrl-C on a real process: SIGINT sent to `python -m layernorm report` once its
+    first section (the gradient checks, seconds of work) has started ends it with one line on
+    stderr and exit status 130, without a traceback, and nothing written."""
+    proc = subprocess.Popen([sys.executable, "-m", "layernorm", "report", "--quick", "--out",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().startswith("report: ")  # a section has started
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err) == (130, "layernorm report: interrupted\n"), err
+    assert not any(tmp_path.iterdir())
 
 
 def test_help_is_plain_text(capsys):

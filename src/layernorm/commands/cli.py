@@ -3,7 +3,9 @@
 Each module has ``add_arguments`` and ``run``; the first line of its docstring is the
 sub-command's help, and its ``DESCRIPTION`` (else its docstring) the ``--help`` text, shown as
 plain text (:func:`plain`). A missing optional dependency, or a file that cannot be written,
-ends the command with one line and exit status 2, as a command-line mistake does.
+ends the command with one line and exit status 2, as a command-line mistake does. Ctrl-C
+(KeyboardInterrupt) ends any command with one line, ``layernorm COMMAND: interrupted``, and
+exit status 130 (128 + SIGINT, as a shell reports a command ended by it).
 """
 
 from __future__ import annotations
@@ -60,14 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The exit status of a command ended by Ctrl-C: 128 + SIGINT's number, as shells report it.
+INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.error(f"a command is needed: {', '.join(COMMANDS)} (layernorm --help)")
-    prog = f"layernorm {args.command}"
+    prog = "layernorm"
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.error(f"a command is needed: {', '.join(COMMANDS)} (layernorm --help)")
+        prog = f"layernorm {args.command}"
         return int(args._run(args))
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except ModuleNotFoundError as exc:
         top = (exc.name or "").split(".")[0]
         if top not in OPTIONAL:
