@@ -10,6 +10,7 @@ import importlib
 import inspect
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,6 +137,18 @@ def test_table_class_computes_what_the_original_computes(recipe, entry):
         _close(got_grads[0], want_grads[0], coarse, "out", f"{where}: dx")
         for g, w, name in zip(got_grads[1:], want_grads[1:], ["dweight", "dbias"], strict=False):
             _close(g, w, coarse, "param", f"{where}: {name}")
+
+
+def test_docs_list_the_table():
+    """Protects docs/models.md's list of the table's classes: each recipe's line names exactly
+    its classes, with their number."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    for recipe, entries in TRANSFORMERS.items():
+        head = f"- **{recipe}** ({len(entries)}): "
+        line = next((x for x in text.splitlines() if x.startswith(head)), None)
+        assert line is not None, f"docs/models.md lacks the line starting {head!r}"
+        assert sorted(line[len(head):].split(", ")) == sorted(
+            transformers_key(e)[1] for e in entries), recipe
 
 
 def test_olmo_eps_is_the_literal_in_its_forward():

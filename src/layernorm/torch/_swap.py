@@ -40,9 +40,10 @@ tolerance of :mod:`layernorm.tolerances`:
 - torch, channels_last (ConvNext's family), Esmc, EsmFold2: torch's layer_norm, the same
   maths and roundings (Esmc and EsmFold2 cast the result to the input's dtype, so under CUDA
   autocast they return it where ours return float32, as torch's own module does).
-- llama (142 copies of LlamaRMSNorm, with Mamba and EuroBert), llama4 (Llama4TextRMSNorm,
-  CpmAnt, xLSTM): statistics and x·rstd in float32, rounded to the input's dtype, then
-  multiplied by the weight in the promoted dtype: two roundings where ours has one.
+- llama (LlamaRMSNorm and 141 classes with its forward, Mamba's and EuroBert's among them),
+  llama4 (Llama4TextRMSNorm, CpmAnt, xLSTM): statistics and x·rstd in float32, rounded to
+  the input's dtype, then multiplied by the weight in the promoted dtype: two roundings where
+  ours has one.
   ImageGPT, GradiumPhononTTSTimestep and xLSTM without force_float32_reductions compute every
   step in the input's dtype.
 - olmo2 (Olmo2, GptOss, DeepseekV4, Helium, NemotronH and copies), gemma, gemma3n (Gemma3n,
