@@ -5,17 +5,26 @@ runs over the trailing ``normalized_shape`` axes (flattened to D), ``eps=None`` 
 means ``torch.finfo(dtype).eps`` of the normalized tensor's dtype, and eps = 0 is allowed.
 Bad arguments raise ``TypeError`` (wrong kind) or ``ValueError`` (wrong value) naming the
 argument.
+
+Leaving PyTorch (docs/export.md): during an ONNX export (either of torch's exporters) the
+functions compute with torch's standard operations (``F.layer_norm``, ``F.rms_norm``, the add
+and the casts of the ops' dtypes), which the exporters translate to standard ONNX operators;
+torch.export and torch.compile see the layernorm ops; under ``torch.jit.trace`` the training
+op ``fwd`` is recorded whatever the grad mode, and nothing of x's rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from ._cpu import compute_dtype
 from ._ops import fwd, norm
 
 __all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "rms_norm"]
@@ -75,7 +84,7 @@ def _normalized_shape(normalized_shape: object, x: Tensor, name: str) -> tuple[i
 
 
 def _check_param(p: object, name: str, shape: tuple[int, ...], x: Tensor) -> Tensor | None:
-    """``p`` flattened to (D,), or None."""
+    """``p``, of shape ``shape``, or None."""
     if p is None:
         return None
     p = _check_tensor(p, name)
@@ -84,7 +93,7 @@ def _check_param(p: object, name: str, shape: tuple[int, ...], x: Tensor) -> Ten
                          f"{tuple(p.shape)}")
     if p.device != x.device:
         raise ValueError(f"{name} must be on the input's device {x.device}, got {p.device}")
-    return p if len(shape) == 1 else p.reshape(-1)
+    return p
 
 
 def _check_eps(eps: object, dtype: torch.dtype) -> float:
@@ -106,16 +115,16 @@ def _check_flag(flag: object, name: str) -> bool:
     return flag
 
 
-def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
-          weight: object, bias: object, eps: object, zero_centered_gamma: object,
-          residual_dtype: object, x_name: str) -> tuple[Tensor, Tensor | None]:
-    """(y, h) of the family member (centred, residual given), h None for a plain norm."""
+def _checked(x: object, residual: object, normalized_shape: object, weight: object,
+             bias: object, eps: object, zero_centered_gamma: object, residual_dtype: object,
+             x_name: str) -> tuple:
+    """The arguments checked: (x, residual, shape, weight, bias, eps, zero_centered_gamma,
+    h_dtype), h_dtype None without a residual. Reads sizes and records nothing."""
     x = _check_tensor(x, x_name)
     _check_device(x, x_name)
     shape = _normalized_shape(normalized_shape, x, x_name)
-    add = residual is not None
     h_dtype = None
-    if add:
+    if residual is not None:
         residual = _check_tensor(residual, "residual")
         if residual.shape != x.shape:
             raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got "
@@ -131,30 +140,107 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
     bias = _check_param(bias, "bias", shape, x)
     eps = _check_eps(eps, h_dtype or x.dtype)
     zero_centered_gamma = _check_flag(zero_centered_gamma, "zero_centered_gamma")
+    return x, residual, shape, weight, bias, eps, zero_centered_gamma, h_dtype
+
+
+@contextlib.contextmanager
+def _trace_paused() -> Iterator[None]:
+    # torch.jit.trace hands out sizes as tensors, so every check of one would warn that the
+    # trace "might not generalize"; the checks record nothing the graph needs
+    state = torch._C._get_tracing_state()
+    torch._C._set_tracing_state(None)
+    try:
+        yield
+    finally:
+        torch._C._set_tracing_state(state)
+
+
+def _to(t: Tensor, dtype: torch.dtype) -> Tensor:
+    # a trace records even a cast to the same dtype (an ONNX Cast): none is asked for
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _standard(centred: bool, x: Tensor, residual: Tensor | None, shape: tuple[int, ...],
+              weight: Tensor | None, bias: Tensor | None, eps: float,
+              zero_centered_gamma: bool, h_dtype: torch.dtype | None, rms_decomposed: bool,
+              ) -> tuple[Tensor, Tensor | None]:
+    """(y, h) as the ops define them, from torch's standard operations: what the ONNX
+    exporters translate (to Add, Cast, LayerNormalization and RMSNormalization).
+
+    The same dtypes as the kernels: h = x + residual formed in the widest compute dtype of the
+    three and rounded to ``h_dtype``; the norm of x (or h as rounded) in its compute dtype,
+    with the scale (1 + weight when zero-centred) and bias in it; y rounded to x's dtype.
+    ``rms_decomposed``: RMSNorm as x·rsqrt(mean(x²) + eps)·scale, for the TorchScript-based
+    exporter, which has no translation of ``aten::rms_norm``.
+    """
+    h = None
+    if residual is not None:
+        wide = compute_dtype(x.dtype, residual.dtype, h_dtype)
+        h = _to(_to(x, wide) + _to(residual, wide), h_dtype)
+    src = x if h is None else h
+    cdt = compute_dtype(src.dtype)
+    v = _to(src, cdt)
+    scale = None if weight is None else _to(weight, cdt)
+    if scale is not None and zero_centered_gamma:
+        scale = scale + 1
+    if centred:
+        y = F.layer_norm(v, shape, scale, None if bias is None else _to(bias, cdt), eps)
+    elif rms_decomposed:
+        axes = tuple(range(-len(shape), 0))
+        y = v * torch.rsqrt(v.square().mean(axes, keepdim=True) + eps)
+        y = y if scale is None else y * scale
+    else:
+        y = F.rms_norm(v, shape, scale, eps)
+    return _to(y, x.dtype), h
+
+
+def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
+          weight: object, bias: object, eps: object, zero_centered_gamma: object,
+          residual_dtype: object, x_name: str) -> tuple[Tensor, Tensor | None]:
+    """(y, h) of the family member (centred, residual given), h None for a plain norm."""
+    tracing = torch.jit.is_tracing()
+    args = (x, residual, normalized_shape, weight, bias, eps, zero_centered_gamma,
+            residual_dtype, x_name)
+    if tracing:
+        with _trace_paused():
+            checked = _checked(*args)
+    else:
+        checked = _checked(*args)
+    x, residual, shape, weight, bias, eps, zero_centered_gamma, h_dtype = checked
+    add = residual is not None
 
     if x.is_cuda:
         cast = AUTOCAST.get(("cuda", centred))
         if cast is not None and torch.is_autocast_enabled("cuda"):
             x, weight, bias = (None if t is None else t.to(cast) for t in (x, weight, bias))
 
+    # An ONNX exporter (the TorchScript one traces, the dynamo one exports) translates torch's
+    # standard operations, and knows nothing of the layernorm ops: it is given those.
+    if (tracing or torch.compiler.is_exporting()) and torch.onnx.is_in_onnx_export():
+        return _standard(centred, x, residual, shape, weight, bias, eps, zero_centered_gamma,
+                         h_dtype, rms_decomposed=tracing)
+
     # The ops normalize the last axis of a tensor of any rank. A normalized_shape of several
     # axes is flattened to one, and a tensor subclass (a DTensor) to (M, D): its sharding
-    # strategies know rows as the first axis.
+    # strategies know rows as the first axis. view_as keeps a trace free of x's rank.
     flat = len(shape) > 1 or type(x) is not Tensor
     x2, r2 = x, residual
     if flat:
         d = math.prod(shape)
         x2 = x.reshape(-1, d)  # (M, D): a view when the strides allow it
         r2 = residual.reshape(-1, d) if add else None
-    if torch.is_grad_enabled() and (
+        if len(shape) > 1:
+            weight, bias = (None if p is None else p.reshape(-1) for p in (weight, bias))
+    # a trace records one op for every grad mode: fwd, which autograd differentiates
+    if tracing or (torch.is_grad_enabled() and (
             x.requires_grad or (add and residual.requires_grad)
             or (weight is not None and weight.requires_grad)
-            or (bias is not None and bias.requires_grad)):
+            or (bias is not None and bias.requires_grad))):
         y, h, _s0, _s1 = fwd(x2, r2, weight, bias, eps, centred, zero_centered_gamma, h_dtype)
     else:  # nothing to differentiate: no statistics are computed or kept
         y, h = norm(x2, r2, weight, bias, eps, centred, zero_centered_gamma, h_dtype)
     if flat:
-        y, h = y.view(x.shape), h.view(x.shape) if add else h
+        y, h = y.view_as(x), h.view_as(x) if add else h
     return y, h if add else None
 
 
