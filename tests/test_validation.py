@@ -123,3 +123,40 @@ def test_non_native_byte_order(dtype):
     want, want_cache = ln.layer_norm_forward(X.astype(dtype[1:]), np.ones(4, dtype[1:]))
     np.testing.assert_array_equal(y, want)
     assert cache.xhat.dtype == want_cache.xhat.dtype
+
+
+_MODULE_CASES = {  # id: (parameter set, its value, x's last axis, the error)
+    "(4,)": ("gamma", np.ones(4), 8,
+             r"gamma must have shape \(8,\), the module's D, got shape \(4,\)"),
+    "(8, 1)": ("gamma", np.ones((8, 1)), 8, r"gamma must have shape \(8,\).*got shape \(8, 1\)"),
+    "0-d": ("gamma", np.float64(1.0), 8, r"gamma must have shape \(8,\).*got shape \(\)"),
+    "list": ("gamma", [1.0] * 4, 8, r"gamma must have shape \(8,\).*got shape \(4,\)"),
+    "beta (4,)": ("beta", np.ones(4), 8,
+                  r"beta must have shape \(8,\), the module's D, got shape \(4,\)"),
+    # a gamma that matches a wrong x: gamma is named, not the module's right beta
+    "gamma matching x": ("gamma", np.ones(4), 4,
+                         r"gamma must have shape \(8,\), the module's D, got shape \(4,\)"),
+    # a wrong x: x is named, not the module's right gamma
+    "x": (None, None, 4, r"x must have a last axis of 8, the module's D, got shape \(3, 4\)"),
+}
+
+
+@pytest.mark.parametrize(("norm", "case"), [
+    (norm, case) for norm in ("LayerNorm", "RMSNorm") for case in _MODULE_CASES
+    if not (norm == "RMSNorm" and _MODULE_CASES[case][0] == "beta")])
+def test_a_module_names_the_parameter_that_does_not_fit_it(norm, case):
+    """Protects the fused modules' errors: with a parameter or x of the wrong shape for the
+    module's D, the error names that argument, the module's shape and the one it got (the
+    functions' checks, which know only x, blamed gamma for a wrong x and beta for a gamma
+    matching a wrong x)."""
+    pytest.importorskip("numba")
+    from layernorm import cpu
+
+    attr, value, width, message = _MODULE_CASES[case]
+    for reuse in (False, True):
+        m = getattr(cpu, norm)(8, reuse_buffers=reuse)
+        if attr is not None:
+            setattr(m, attr, value)
+        x = np.random.default_rng(1).standard_normal((3, width))
+        with pytest.raises(ValueError, match=message):
+            m.forward(x)

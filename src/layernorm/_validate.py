@@ -29,6 +29,7 @@ __all__ = [
     "check_dy",
     "check_eps",
     "check_flag",
+    "check_module_input",
     "check_out",
     "check_param",
     "check_shape",
@@ -151,6 +152,23 @@ def check_param(p: object, name: str, d: int) -> np.ndarray | None:
             f"{name} must have shape ({d},) to match the last axis of x, got shape {arr.shape}"
         )
     return arr
+
+
+def check_module_input(x: np.ndarray, d: int, params: dict[str, object]) -> None:
+    """For a module of size ``d``: each of its parameters (name -> array, or None) of shape
+    (d,), and x (already through :func:`check_x`) with a last axis of d.
+
+    Checked before the functions' own checks, which know x but not the module: they would
+    blame a right parameter for a wrong x, and beta for a gamma that matches a wrong x.
+    """
+    for name, p in params.items():
+        if p is None:
+            continue
+        shape = p.shape if isinstance(p, np.ndarray) else as_float_array(p, name).shape
+        if shape != (d,):
+            raise ValueError(f"{name} must have shape ({d},), the module's D, got shape {shape}")
+    if x.shape[-1] != d:
+        raise ValueError(f"x must have a last axis of {d}, the module's D, got shape {x.shape}")
 
 
 def check_shape(a: object, name: str, shape: tuple[int, ...], of: str) -> np.ndarray:

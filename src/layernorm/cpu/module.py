@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import reference
-from .._validate import as_float_array, check_x, overlaps
+from .._validate import as_float_array, check_module_input, check_x, overlaps
 from ..family import NORMS
 from .api import _BACKWARD, _FORWARD
 
@@ -42,14 +42,18 @@ class _Fused:
             buf = self._buffers[name] = np.empty(shape, dtype)
         return buf
 
-    def _params(self) -> tuple[np.ndarray, ...]:
-        return (self.gamma, self.beta) if NORMS[self.norm].centred else (self.gamma,)
+    def _params(self) -> dict[str, np.ndarray]:
+        if NORMS[self.norm].centred:
+            return {"gamma": self.gamma, "beta": self.beta}
+        return {"gamma": self.gamma}
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """y for x of shape (..., D); keeps the cache for :meth:`backward`."""
         x = check_x(x)
+        params = self._params()
+        check_module_input(x, self.D, params)
         out = self._buffer("y", x.shape, x.dtype, (x,))
-        y, self._cache = _FORWARD[self.norm](x, *self._params(), self.eps,
+        y, self._cache = _FORWARD[self.norm](x, *params.values(), self.eps,
                                              zero_centered_gamma=self.zero_centered_gamma,
                                              out=out)
         return y
