@@ -65,25 +65,23 @@ class _Ours:
         # () stands for normalized_shape=None: the last axis of x
         return self.normalized_shape or x.shape[-1]
 
-    def _result(self, x: Tensor) -> torch.dtype | None:
+    def _result(self, x: Tensor, params: tuple[Tensor | None, ...]) -> torch.dtype | None:
         """The result's dtype where ``result_dtype`` makes it other than x's (else None)."""
-        if self.result_dtype == "input":  # the common case first: it costs least
-            return None
-        params = [p for p in (self.weight, getattr(self, "bias", None)) if p is not None]
-        if all(p.dtype == x.dtype for p in params):
-            return None
-        if self.result_dtype == "half_weight" and self.weight is not None \
-                and self.weight.dtype in _HALF:
-            return self.weight.dtype
+        if self.result_dtype == "input" or all(p is None or p.dtype == x.dtype for p in params):
+            return None  # the common cases first: they cost least
+        weight = params[0]
+        if self.result_dtype == "half_weight" and weight is not None and weight.dtype in _HALF:
+            return weight.dtype
         out = x.dtype
         for p in params:
-            out = torch.promote_types(out, p.dtype)
+            if p is not None:
+                out = torch.promote_types(out, p.dtype)
         return out
 
     def _run(self, norm, x: Tensor, *params: Tensor | None) -> Tensor:
-        """``norm(x, shape, *params, eps)`` in the wider of x's and the result's dtype, rounded
-        once to the result's dtype."""
-        out = self._result(x)
+        """``norm(x, shape, *params, eps)`` (params: weight, then bias) in the wider of x's and
+        the result's dtype, rounded once to the result's dtype."""
+        out = self._result(x, params)
         if out is None:
             return norm(x, self._shape(x), *params, self.eps,
                         zero_centered_gamma=self.zero_centered_gamma)
