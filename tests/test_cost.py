@@ -205,7 +205,7 @@ def test_bad_arguments():
         cost.cost("fwd", 1, 1, 4, norm="rms_norm", beta=True)
     with pytest.raises(ValueError, match="itemsize"):
         cost.cost("fwd", 1, 1, 3)
-    with pytest.raises(ValueError, match="D >= 1"):
+    with pytest.raises(ValueError, match="D must be >= 1, got 0"):
         cost.cost("fwd", 1, 0, 4)
 
 
@@ -230,3 +230,44 @@ def test_cost_command_prints_the_model(capsys):
     assert out.count("| RMSNorm |") == 4 and "LayerNorm" not in out  # 2 dtypes, 2 passes
     with pytest.raises(ValueError, match="at least two positive extents"):
         command.table([(4096,)], ["float32"], None)
+
+
+def test_sizes_are_exact_python_integers_whatever_their_type():
+    """Protects the model's figures at large shapes: NumPy integer M and D made them int64,
+    which wrapped around past 2^63 (negative FLOPs for 1e10 x 1e10) and, for int32, past
+    2^31 with no warning; floats and bools were taken as sizes. Now M, D and itemsize are
+    converted to Python ints first, or refused naming the argument."""
+    big = cost.cost("fwd", np.int64(10**10), np.int64(10**10), np.int64(4))
+    assert big == cost.cost("fwd", 10**10, 10**10, 4)
+    assert type(big.flops) is int and type(big.reference_peak_bytes) is int
+    assert big.flops == 9 * 10**20 + 5 * 10**10 and big.minimal_bytes == 8 * 10**20
+    assert cost.flops("fwd", np.int32(2**20), np.int32(2**20)) == 9 * 2**40 + 5 * 2**20
+    assert cost.minimal_bytes("bwd", np.int32(2**20), np.int32(2**20), 2) == 6 * 2**40
+    for args, name in (((4096.0, 768, 4), "M"), ((4096, True, 4), "D"),
+                       ((4096, 768, 4.0), "itemsize")):
+        with pytest.raises(TypeError, match=f"{name} must be an integer"):
+            cost.cost("fwd", *args)
+    with pytest.raises(ValueError, match="M must be >= 0, got -1"):
+        cost.flops("fwd", -1, 768)
+
+
+def test_cost_command_refuses_a_shape_beyond_any_memory(capsys):
+    """Protects `layernorm cost` from modelling what no computer holds: a shape whose x alone
+    needs more than 2^60 bytes (1 EiB) in a dtype asked for was printed as if it were a
+    workload; now it is one line naming --shape, the dtype and the bytes, exit status 2.
+    2^60 bytes exactly is still modelled."""
+    from layernorm.commands import cli
+    from layernorm.commands import cost as command
+
+    assert command.MAX_BYTES == 2**60
+    for argv, dtype, nbytes in ((["--shape", "1000000000x1000000000"], "float32", "4e+18"),
+                                (["--shape", "64x64", "--shape", "1073741824x536870912",
+                                  "--dtype", "float16", "--dtype", "float64"], "float64",
+                                 "4.61e+18")):
+        assert cli.main(["cost", *argv]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1
+        assert err.startswith("layernorm cost: error: argument --shape: ")
+        assert f"needs {nbytes} bytes for x alone in {dtype}" in err and "2^60" in err
+    assert cli.main(["cost", "--shape", "1073741824x536870912", "--dtype", "bfloat16"]) == 0
+    assert "| 1073741824x536870912 | bfloat16 |" in capsys.readouterr().out

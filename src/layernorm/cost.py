@@ -2,6 +2,9 @@
 
 Pure Python. ``layernorm cost`` (:mod:`layernorm.commands.cost`) prints the model for given
 norms, shapes and dtypes. The norm is a parameter (a name from :data:`layernorm.family.NORMS`).
+Bytes and FLOPs are Python integers, exact for any M and D (NumPy integers are converted
+first, so nothing wraps around); whether a machine could hold the arrays is the command's
+question, not the model's.
 
 For M rows of length D, every (M, D) array in one dtype of ``itemsize`` s bytes (the add-norms'
 residual and h included), statistics and arithmetic in a compute dtype of c bytes (4 for
@@ -42,6 +45,7 @@ minimal bytes.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from . import family
@@ -140,6 +144,26 @@ def _check_pass(pass_: str) -> None:
         raise ValueError(f"pass_ must be 'fwd' or 'bwd', got {pass_!r}")
 
 
+def _integer(value: object, name: str, least: int) -> int:
+    """``value`` (M, D, itemsize) as a Python int >= least. NumPy integers are converted: the
+    model's products of a large shape would wrap around in int64, and never do in Python."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}: {value!r}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+    return int(value)
+
+
+def _sizes(M: object, D: object, itemsize: object | None = None) -> tuple[int, ...]:
+    """M >= 0, D >= 1 (and itemsize 2, 4 or 8) as Python ints."""
+    sizes = (_integer(M, "M", 0), _integer(D, "D", 1))
+    if itemsize is None:
+        return sizes
+    if _integer(itemsize, "itemsize", 1) not in (2, 4, 8):
+        raise ValueError(f"itemsize must be 2, 4 or 8, got {itemsize}")
+    return (*sizes, int(itemsize))
+
+
 def _facts(nm: Norm, gamma: bool, beta: bool, half: bool) -> frozenset[str]:
     """The conditions of FLOPS and REFERENCE_PASSES that hold for this call."""
     return frozenset({
@@ -166,7 +190,7 @@ def minimal_bytes(
 
     Args:
         pass_: ``"fwd"`` or ``"bwd"``.
-        M, D: rows and row length.
+        M, D: rows (>= 0) and row length (>= 1), integers.
         itemsize: bytes per element of every (M, D) array (x, y, dy, dx; residual, h, dh,
             dresidual).
         affine: the parameters (gamma, and beta where the norm has one) are present; counted
@@ -177,6 +201,7 @@ def minimal_bytes(
         norm: the family member (a name from :data:`layernorm.family.NORMS`).
     """
     _check_pass(pass_)
+    M, D, itemsize = _sizes(M, D, itemsize)
     nm = family.norm(norm)
     total = _streams(pass_, nm) * M * D * itemsize
     if extras:
@@ -191,6 +216,7 @@ def flops(pass_: str, M: int, D: int, *, norm: str = "layer_norm", gamma: bool =
     """Floating-point operations of one pass over (M, D), by ``FLOPS`` (arguments as
     :func:`cost`)."""
     _check_pass(pass_)
+    M, D = _sizes(M, D)
     nm = family.norm(norm)
     facts = _facts(nm, gamma, _beta(nm, beta), half=False)  # FLOPs do not depend on it
     return sum(e * M * D + r * M for _, e, r, when in FLOPS[pass_] if when <= facts)
@@ -246,7 +272,7 @@ def _beta(nm: Norm, beta: bool | None) -> bool:
 
 @dataclass(frozen=True)
 class Cost:
-    """The model's figures for one call; bytes and FLOPs are integers."""
+    """The model's figures for one call; bytes and FLOPs are Python integers."""
 
     norm: str
     pass_: str
@@ -306,6 +332,7 @@ def cost(
     """The model for one forward (``"fwd"``) or backward (``"bwd"``) of ``norm`` over (M, D).
 
     Args:
+        M, D: rows (>= 0) and row length (>= 1), integers (TypeError for others).
         itemsize: bytes per element of x: 2 (float16/bfloat16), 4 (float32), 8 (float64).
         norm: the family member (a name from :data:`layernorm.family.NORMS`).
         gamma: whether gamma is present.
@@ -313,12 +340,9 @@ def cost(
             beta=True with an RMS norm).
     """
     _check_pass(pass_)
+    M, D, itemsize = _sizes(M, D, itemsize)
     nm = family.norm(norm)
     beta = _beta(nm, beta)
-    if itemsize not in (2, 4, 8):
-        raise ValueError(f"itemsize must be 2, 4 or 8, got {itemsize}")
-    if M < 0 or D < 1:
-        raise ValueError(f"need M >= 0 and D >= 1, got M={M}, D={D}")
     c = _compute_itemsize(itemsize)
     return Cost(
         norm=nm.name,

@@ -2,7 +2,8 @@
 
 One Markdown row per shape, dtype, norm and pass, from the model of :mod:`layernorm.cost`;
 ``--norm`` (repeatable) picks norms, every norm of the family by default; with
-``--bandwidth`` a roofline column.
+``--bandwidth`` a roofline column. A shape whose x alone would need more than
+:data:`MAX_BYTES` in a dtype asked for is a command-line mistake (one line, exit status 2).
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ from .._table import render
 from .._validate import shape_extents
 from ..dtypes import DTYPES, NAMES
 from ..family import NORMS
-from . import shape
+from . import shape, usage_error
 
-__all__ = ["DESCRIPTION", "add_arguments", "run", "table"]
+__all__ = ["DESCRIPTION", "MAX_BYTES", "add_arguments", "run", "table"]
 
 DESCRIPTION = cost.__doc__  # the model, for --help
 
 DEFAULT_SHAPES = ((4096, 768), (4096, 4096), (64, 65536))
 DEFAULT_DTYPES = ("float32", "bfloat16")
+# The most bytes x alone may need: 1 EiB, about a hundred times the memory of the largest
+# computer, all its nodes together (about 10 PB). A shape beyond it is a mistake, not a model.
+MAX_BYTES = 2**60
 
 
 def table(shapes: Sequence[tuple[int, ...]], dtypes: list[str], bandwidth_gbs: float | None,
@@ -69,7 +73,10 @@ def _bandwidth(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", action="append", type=shape,
                         help="MxD or AxBxD (repeatable); default "
-                             + ", ".join("x".join(map(str, s)) for s in DEFAULT_SHAPES))
+                             + ", ".join("x".join(map(str, s)) for s in DEFAULT_SHAPES)
+                             + "; refused where x alone would need more than 2^60 bytes "
+                               "(1 EiB) in a dtype asked for, beyond the memory of any "
+                               "computer")
     parser.add_argument("--dtype", action="append", choices=NAMES,
                         help="repeatable; default float32 and bfloat16")
     parser.add_argument("--norm", action="append", choices=list(NORMS),
@@ -80,6 +87,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(table(args.shape or list(DEFAULT_SHAPES), args.dtype or list(DEFAULT_DTYPES),
-                args.bandwidth, args.norm))
+    shapes, dtypes = args.shape or list(DEFAULT_SHAPES), args.dtype or list(DEFAULT_DTYPES)
+    for dims in shapes:
+        for dtype in dtypes:
+            nbytes = math.prod(dims) * DTYPES[dtype].itemsize
+            if nbytes > MAX_BYTES:
+                return usage_error("layernorm cost", (
+                    f"argument --shape: {'x'.join(map(str, dims))} needs {nbytes:.3g} bytes "
+                    f"for x alone in {dtype}, more than 2^60 (1 EiB), beyond the memory of "
+                    f"any computer"))
+    print(table(shapes, dtypes, args.bandwidth, args.norm))
     return 0
