@@ -62,7 +62,7 @@ class _Chain(torch.nn.Module):
         self.residual_dtype = residual_dtype
 
     def forward(self, x, r):
-        y1 = lt.layer_norm(x, D, self.w, self.b)
+        y1 = lt.layer_norm(x, x.shape[-1:], self.w, self.b)  # sizes a trace reads as tensors
         y2 = lt.rms_norm(y1, D, self.w, zero_centered_gamma=True)
         y3, h3 = lt.add_layer_norm(y2, r, D, self.w, self.b, zero_centered_gamma=True,
                                    residual_dtype=self.residual_dtype)
@@ -297,10 +297,11 @@ class _One(torch.nn.Module):
     """One of the four functions on (x, r) over the trailing ``shape`` (r unused by the plain
     norms); returns y, or (y, h)."""
 
-    def __init__(self, name: str, shape: tuple[int, ...]) -> None:
+    def __init__(self, name: str, shape: tuple[int, ...] | str) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(3)
         self.name, self.shape = name, shape
+        shape = (D,) if shape == "x.shape[-1]" else shape
         self.w = torch.nn.Parameter(torch.randn(shape, generator=g))
         self.b = torch.nn.Parameter(torch.randn(shape, generator=g))
 
@@ -308,20 +309,26 @@ class _One(torch.nn.Module):
         fn = getattr(lt, self.name)
         centred = "layer" in self.name
         params = (self.w, self.b) if centred else (self.w,)
-        return fn(*((x, r) if "add" in self.name else (x,)), self.shape, *params)
+        shape = x.shape[-1] if self.shape == "x.shape[-1]" else self.shape
+        return fn(*((x, r) if "add" in self.name else (x,)), shape, *params)
 
 
 TRACED = [("layer_norm", (D,)), ("rms_norm", (D,)), ("add_layer_norm", (D,)),
-          ("add_rms_norm", (D,)), ("layer_norm", (4, 4)), ("add_rms_norm", (4, 4))]
+          ("add_rms_norm", (D,)), ("layer_norm", (4, 4)), ("add_rms_norm", (4, 4)),
+          ("rms_norm", "x.shape[-1]")]
 
 
-@pytest.mark.parametrize("name,shape", TRACED, ids=[f"{n}-{len(s)}axes" for n, s in TRACED])
+@pytest.mark.parametrize("name,shape", TRACED,
+                         ids=[f"{n}-{s if isinstance(s, str) else f'{len(s)}axes'}"
+                              for n, s in TRACED])
 def test_jit_trace_holds_for_other_ranks_and_grad_modes(name, shape):
-    """Protects torch.jit.trace of the four functions (and of a normalized_shape of two axes):
-    the trace check passes (one graph under grad and no_grad, and for an input of another
-    rank), no TracerWarning, and the module traced on (3, *shape) gives eager's results and
-    gradients on (5, 7, *shape) and (2, *shape), with grad and under no_grad."""
+    """Protects torch.jit.trace of the four functions (and of a normalized_shape of two axes,
+    and of one read from x, which a trace hands out as a tensor): the trace check passes (one
+    graph under grad and no_grad, and for an input of another rank), no TracerWarning, and the
+    module traced on (3, *shape) gives eager's results and gradients on (5, 7, *shape) and
+    (2, *shape), with grad and under no_grad."""
     eager = _One(name, shape)
+    shape = (D,) if isinstance(shape, str) else shape
     traced_from = copy.deepcopy(eager)
     example = _inputs((3, *shape))
     with warnings.catch_warnings(record=True) as caught:

@@ -155,6 +155,19 @@ def _trace_paused() -> Iterator[None]:
         torch._C._set_tracing_state(state)
 
 
+def _traced_sizes(shape: object) -> object:
+    """``shape`` with the sizes a trace hands out (``x.shape[-1]``: 0-d integer tensors) as
+    the ints they hold; anything else as it is, for the checks to judge."""
+    def size(d: object) -> object:
+        if isinstance(d, Tensor) and d.dim() == 0 and not d.is_floating_point():
+            return int(d)
+        return d
+
+    if isinstance(shape, (tuple, list)):
+        return tuple(size(d) for d in shape)
+    return size(shape)
+
+
 def _to(t: Tensor, dtype: torch.dtype) -> Tensor:
     # a trace records even a cast to the same dtype (an ONNX Cast): none is asked for
     return t if t.dtype == dtype else t.to(dtype)
@@ -199,13 +212,13 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
           residual_dtype: object, x_name: str) -> tuple[Tensor, Tensor | None]:
     """(y, h) of the family member (centred, residual given), h None for a plain norm."""
     tracing = torch.jit.is_tracing()
-    args = (x, residual, normalized_shape, weight, bias, eps, zero_centered_gamma,
-            residual_dtype, x_name)
     if tracing:
         with _trace_paused():
-            checked = _checked(*args)
+            checked = _checked(x, residual, _traced_sizes(normalized_shape), weight, bias, eps,
+                               zero_centered_gamma, residual_dtype, x_name)
     else:
-        checked = _checked(*args)
+        checked = _checked(x, residual, normalized_shape, weight, bias, eps,
+                           zero_centered_gamma, residual_dtype, x_name)
     x, residual, shape, weight, bias, eps, zero_centered_gamma, h_dtype = checked
     add = residual is not None
 
