@@ -16,15 +16,31 @@ from layernorm.commands import cli, report
 from layernorm.commands import stability as command
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "numerics.md"
+PEER_SEED = [0, 5]  # the stream run_suite draws table 5 from with seed 0
 
 
-def test_command_prints_the_tables_and_writes_the_plot(tmp_path, capsys):
-    """Protects `layernorm stability --quick`: five tables, every target met, a PNG written."""
+@pytest.fixture(scope="module")
+def peers():
+    """Table 5 as run_suite computes it with seed 0, once for the module (torch.compile compiles
+    each of its cases): (table, ours' failures, each peer's missed cases)."""
+    return stability.peer_table(np.random.default_rng(PEER_SEED))
+
+
+@pytest.fixture
+def same_peers(monkeypatch, peers):
+    """run_suite reuses the module's table 5 instead of computing it again."""
+    monkeypatch.setattr(stability, "peer_table", lambda rng, cases=None: peers)
+    return peers
+
+
+def test_command_prints_the_tables_and_writes_the_plot(tmp_path, capsys, same_peers):
+    """Protects `layernorm stability --quick`: six tables, every target met, a PNG written."""
     png = tmp_path / "sweep.png"
     assert cli.main(["stability", "--quick", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     for title in ("Variance algorithms", "The library against the targets",
-                  "The backward's cancellation", "The family against the targets", "Speed"):
+                  "The backward's cancellation", "The family against the targets",
+                  stability.PEER_TITLE, "Speed"):
         assert title in out
     assert "targets: all met" in out and "FAIL" not in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -39,15 +55,16 @@ def test_command_exits_1_when_a_target_fails(monkeypatch, capsys):
         return y * (1 + 1e-5), cache
 
     monkeypatch.setattr(stability, "layer_norm_forward", off)
-    assert cli.main(["stability", "--quick", "--no-timing"]) == 1
+    assert cli.main(["stability", "--quick", "--no-timing", "--no-peers"]) == 1
     out = capsys.readouterr().out
     assert "FAIL 1e4 + N(0, 0.1) [float32, reference] y:" in out and "targets failed" in out
 
 
-def test_report_section_embeds_plot_and_tables(tmp_path):
+def test_report_section_embeds_plot_and_tables(tmp_path, same_peers):
     """Protects the report section: a PNG in the report folder, linked from valid Markdown
-    tables, the later tables folded, and a verdict for the summary that counts the targets
-    and quotes the float32 offset-1e4 row."""
+    tables, the peers' table open and the other later tables folded, a verdict for the summary
+    that counts the targets and quotes the float32 offset-1e4 row, a sentence on where the
+    peers miss them, and the answer to "is it right?" that names both."""
     ctx = report.ReportContext(outdir=tmp_path, quick=True)
     sec = command.report_section(ctx)
     md = sec.body
@@ -55,14 +72,22 @@ def test_report_section_embeds_plot_and_tables(tmp_path):
     assert "(stability.png)" in md and "![Error of each variance algorithm" in md
     assert "| case | dtype | naive |" in md and "All targets met" in md
     assert "| zero variance, \\|x\\| < 5 (absolute error) |" in md  # cell pipes escaped
-    assert md.count("<details>") == 4 and md.count("</details>") == 4  # all tables but the first
-    [line] = sec.summary
+    assert md.count("<details>") == 4 and md.count("</details>") == 4  # 2, 3, 4 and 6 folded
+    peers_at = md.index(f"**{stability.PEER_TITLE}**")
+    assert peers_at < md.index("<details>") and "Where each peer misses a target: " in md
+    line, peers_line = sec.summary
     assert line.startswith("all ") and " targets met against an exact oracle" in line
-    assert int(line.split()[1]) == md.count("| pass |")  # each target row: "| pass | oracle |"
+    # each target row: "| pass | oracle |", and every row of the peers' table
+    assert int(line.split()[1]) == md.count("| pass |") + len(same_peers[0].rows)
     assert "offset 1e4" in line and "relative error of" in line
+    missed = same_peers[2]
+    for peer in stability.PEERS:
+        assert f"{peer} on {len(missed[peer])}" in peers_line or f"{peer} absent" in peers_line
+    assert sec.answers["right"].startswith("**Yes, against exact answers:** all ")
+    assert peers_line[1:-1] in sec.answers["right"]
 
 
-def test_report_section_without_matplotlib(tmp_path, monkeypatch):
+def test_report_section_without_matplotlib(tmp_path, monkeypatch, same_peers):
     """Protects the report where matplotlib is missing: the section says so instead of
     failing, and writes no plot."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
@@ -112,17 +137,16 @@ def _doc_appendix() -> str:
     return match.group(1)
 
 
-def _same_but_fused_last_digits(printed: str, appendix: str) -> bool:
-    """Equal line by line, except that a fused CPU row's figures may differ by up to 4x (its
-    sums are vectorised in an order fixed by the CPU's vector width) with the same verdict."""
-    got, want = printed.splitlines(), appendix.splitlines()
+def _lines_match(got: list[str], want: list[str], loose) -> bool:
+    """Equal line by line, except that on a line ``loose`` accepts in both, figures may differ
+    by up to 4x if every word is the same."""
     if len(got) != len(want):
         return False
     for a, b in zip(got, want, strict=True):
         if a == b:
             continue
         ta, tb = a.split(), b.split()
-        if stability.FUSED not in a or stability.FUSED not in b or len(ta) != len(tb):
+        if not (loose(a) and loose(b)) or len(ta) != len(tb):
             return False
         for u, v in zip(ta, tb, strict=True):
             if u == v:
@@ -130,10 +154,41 @@ def _same_but_fused_last_digits(printed: str, appendix: str) -> bool:
             try:
                 fu, fv = float(u), float(v)
             except ValueError:
-                return False  # a word, e.g. pass/FAIL, differs
+                return False  # a word, e.g. pass/FAIL or NaN, differs
             if not (fu > 0 and fv > 0 and 0.25 <= fu / fv <= 4):
                 return False
     return True
+
+
+def _split_peers(text: str) -> tuple[list[str], list[str]]:
+    """(the lines outside table 5, table 5's lines from its title to what follows it)."""
+    lines = text.splitlines()
+    title = f"**{stability.PEER_TITLE}**"
+    if title not in lines:
+        return lines, []
+    i = lines.index(title)
+    j = next((k for k in range(i + 1, len(lines))
+              if lines[k].startswith(("**", "FAIL ", "targets: "))), len(lines))
+    return lines[:i] + lines[j:], lines[i:j]
+
+
+def _versions(peer_lines: list[str]) -> str:
+    return next((line[line.index("Versions: "):] for line in peer_lines if "Versions: " in line),
+                "")
+
+
+def _same_but_fused_last_digits(printed: str, appendix: str) -> bool:
+    """Equal line by line, except that a fused CPU row's figures may differ by up to 4x (its
+    sums are vectorised in an order fixed by the CPU's vector width) with the same verdict, and
+    so may every figure of the peers' table (theirs are too); the peers' table is compared only
+    where the peers' versions are those the appendix names."""
+    got, got_peers = _split_peers(printed)
+    want, want_peers = _split_peers(appendix)
+    if not _lines_match(got, want, lambda line: stability.FUSED in line):
+        return False
+    if got_peers and want_peers and _versions(got_peers) != _versions(want_peers):
+        return True
+    return _lines_match(got_peers, want_peers, lambda line: line.startswith("| "))
 
 
 def test_fused_rows_may_differ_in_their_last_digits_only():
@@ -149,11 +204,28 @@ def test_fused_rows_may_differ_in_their_last_digits_only():
     assert not _same_but_fused_last_digits(row.format(ref), row.format(ref).replace("2.6", "1.3"))
 
 
+def test_peers_table_may_differ_in_its_last_digits_or_be_of_other_versions():
+    """Protects the doc comparison of table 5: a peer's figure 2x off passes, another word
+    (NaN for a figure, another verdict) fails, and a table from other versions of the peers is
+    not compared (it cannot match), while the rest of the output still is."""
+    doc = "\n".join([
+        "**Speed**", "", "| reference | 58.4 |", "",
+        f"**{stability.PEER_TITLE}**", "", "| LayerNorm | 1e4 | 2.4e-04 | torch y |", "",
+        "Versions: torch 2.13.0, onnxruntime 1.32.0.", "", "targets: all met"])
+    assert _same_but_fused_last_digits(doc.replace("2.4e-04", "1.2e-04"), doc)
+    assert not _same_but_fused_last_digits(doc.replace("2.4e-04", "NaN"), doc)
+    assert not _same_but_fused_last_digits(doc.replace("torch y |", "— |"), doc)
+    other = doc.replace("torch 2.13.0", "torch 2.14.0")
+    assert _same_but_fused_last_digits(other.replace("2.4e-04", "NaN"), doc)
+    assert not _same_but_fused_last_digits(other.replace("58.4", "60.1"), doc)
+
+
 @pytest.mark.skipif(not DOC.exists(), reason="docs/numerics.md not in this checkout")
-def test_doc_figures_are_what_the_command_prints(capsys):
+def test_doc_figures_are_what_the_command_prints(capsys, same_peers):
     """Protects docs/numerics.md: its appendix is the output of `layernorm stability
     --no-timing` (seed 0), so every figure the doc quotes from it is what the command prints
-    (the fused CPU rows up to their last digits, which depend on the CPU)."""
+    (the fused CPU rows and the peers' table up to their last digits, which depend on the CPU;
+    the peers' table only with the peers' versions it names)."""
     pytest.importorskip("ml_dtypes")
     pytest.importorskip("numba")
     assert cli.main(["stability", "--no-timing"]) == 0
@@ -222,3 +294,103 @@ def test_family_table_reports_a_planted_error(monkeypatch):
     failed = stability.family_table(sizes, np.random.default_rng(0))[1]
     assert any(f.startswith("RMSNorm: N(0, 1) [float32, reference] y:") for f in failed)
     assert not any(f.startswith("add+RMSNorm") or "fused CPU" in f for f in failed)
+
+
+def _peer_row(table: stability.Table, norm: str, case: str, dtype: str) -> dict[str, str]:
+    """The row of table 5 for (norm title, case, dtype), keyed by column."""
+    [row] = [r for r in table.rows if r[:3] == [norm, case, dtype]]
+    return dict(zip(table.head, row, strict=True))
+
+
+def _needs(peers, *names):
+    """Skip where a peer the test is about does not run here."""
+    absent = [p for p in names
+              if all(row[peers[0].head.index(f"{p} y")] == "absent" for row in peers[0].rows)]
+    if absent:
+        pytest.skip(f"not installed here: {', '.join(absent)}")
+
+
+def test_peers_table_ours_meets_every_target(peers):
+    """Protects table 5's verdict on ours: on every adversarial case the fused CPU kernels meet
+    the targets they are held to in tables 2 and 4, forward and backward, so no row names ours
+    as failing; fails if ours loses accuracy on a case only the peers' table runs."""
+    table, failed, _ = peers
+    assert failed == []
+    assert not any(row[-1].startswith(stability.OURS) for row in table.rows)
+    assert len(table.rows) >= 17 and {r[2] for r in table.rows} >= {"float32", "float64",
+                                                                     "float16"}
+
+
+def test_peers_table_torch_at_offset_1e4_is_far_worse_than_ours(peers):
+    """Protects the table's main finding: float32 LayerNorm of rows at 1e4 + N(0, 1), where
+    torch's eager kernel (and torch.compile's) is off by more than 100 times ours in y and
+    misses the float32 target; fails if the columns are swapped or the peers not run."""
+    _needs(peers, "torch", "torch.compile")
+    row = _peer_row(peers[0], "LayerNorm", "1e4 + N(0, 1)", "float32")
+    ours = float(row["ours y"])
+    for peer in ("torch", "torch.compile"):
+        assert float(row[f"{peer} y"]) > 100 * ours and float(row[f"{peer} y"]) > 2e-6
+    assert "torch y" in row["fails"] and "torch.compile y" in row["fails"]
+
+
+def test_peers_table_onnxruntime_on_the_rows_of_its_tracker(peers):
+    """Protects the onnxruntime column on the tracker's rows [4e4, ..., 4e4 + 3]: the
+    installed onnxruntime (1.32) returns them finite and accurate (the NaN of its tracker is
+    gone), while at [1e7, ..., 1e7 + 3] its two-pass mean, rounded to float32, leaves y off by
+    more than 0.1; its backward columns do not exist."""
+    _needs(peers, "onnxruntime")
+    ort = pytest.importorskip("onnxruntime")
+    tracker = _peer_row(peers[0], "LayerNorm",
+                        "[4e4, 4e4 + 1, 4e4 + 2, 4e4 + 3] (onnxruntime #28463)", "float32")
+    if tuple(int(v) for v in ort.__version__.split(".")[:2]) >= (1, 32):
+        assert tracker["onnxruntime y"] not in ("NaN", "inf") and \
+            float(tracker["onnxruntime y"]) <= 2e-6
+    far = _peer_row(peers[0], "LayerNorm", "[1e7, 1e7 + 1, 1e7 + 2, 1e7 + 3]", "float32")
+    assert float(far["onnxruntime y"]) > 0.1 and "onnxruntime y" in far["fails"]
+    assert "onnxruntime dx" not in peers[0].head
+
+
+def test_peers_table_shows_nan_and_zeros_as_failing(peers):
+    """Protects how a non-finite or zero result is shown: torch's LayerNorm of float32 values
+    near 1e30 is NaN, its RMSNorm of them and of float64 values near 1e300 all zeros, each cell
+    says so and counts as a miss for that peer, and the note names the case."""
+    _needs(peers, "torch")
+    table, _, missed = peers
+    nan = _peer_row(table, "LayerNorm", "±10^U(20, 30)", "float32")
+    assert nan["torch y"] == "NaN" and nan["torch dx"] == "NaN"
+    for dtype in ("float32", "float64"):
+        case = "±10^U(20, 30)" if dtype == "float32" else "±10^U(160, 300)"
+        zero = _peer_row(table, "RMSNorm", case, dtype)
+        assert zero["torch y"] == "all 0" and "torch y, dx" in zero["fails"]
+        assert ("RMSNorm", case, dtype) in missed["torch"]
+    assert f"torch, {len(missed['torch'])} of {len(table.rows)} cases: " in table.note
+    assert "RMSNorm float64 `±10^U(160, 300)`" in table.note
+
+
+def test_missing_peer_is_shown_absent_with_the_reason(monkeypatch):
+    """Protects the table where the peers are not installed: torch, torch.compile and
+    onnxruntime that do not import are 'absent' in every cell, the note says why, and ours is
+    still measured; a peer that raises leaves '—' and a note instead of stopping the run."""
+    for lib in ("torch", "onnx", "onnxruntime"):
+        monkeypatch.setitem(sys.modules, lib, None)
+    case = stability.PeerCase("layer_norm", "N(0, 1)", "float32",
+                              np.random.default_rng(0).standard_normal((2, 8)))
+    table, failed, missed = stability.peer_table(np.random.default_rng(0), [case])
+    row = dict(zip(table.head, table.rows[0], strict=True))
+    assert failed == [] and float(row["ours y"]) < 2e-6
+    assert all(row[f"{p} y"] == "absent" for p in stability.PEERS)
+    assert "torch is absent (not installed (torch does not import))" in table.note
+    assert "onnxruntime is absent (onnx is not installed (extra 'peers'))" in table.note
+    assert missed == {p: [] for p in stability.PEERS}
+
+    monkeypatch.setattr(stability, "absent_peers", lambda: {})
+
+    def broken(norm, a):
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setitem(stability._PEER_RUN, "torch", broken)
+    monkeypatch.setitem(stability._PEER_RUN, "torch.compile", broken)
+    monkeypatch.setitem(stability._PEER_RUN, "onnxruntime", broken)
+    table = stability.peer_table(np.random.default_rng(0), [case])[0]
+    assert table.rows[0][4:7] == ["—", "—", "—"]
+    assert "Not run: torch raised RuntimeError on LayerNorm N(0, 1) [float32]" in table.note

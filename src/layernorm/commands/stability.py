@@ -1,7 +1,7 @@
 """``layernorm stability``: the norms' numerical error against exact answers, as tables.
 
 Runs :func:`layernorm.stability.run_suite` and prints its tables (and the offset sweep's plot
-with ``--plot``); exit status 1 if a target fails.
+with ``--plot``); exit status 1 if a target of ours fails.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .report import Section, folded
 
 __all__ = ["DESCRIPTION", "add_arguments", "report_section", "run"]
 
-DESCRIPTION = stability.__doc__  # the five tables, for --help
+DESCRIPTION = stability.__doc__  # the six tables, for --help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, default=None,
                         help="also write the offset-sweep plot to this PNG file")
     parser.add_argument("--no-timing", action="store_true", help="skip the speed table")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="skip the peers' table (torch.compile compiles each of its cases)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
             problem = f"must name a .png file, got {args.plot}"
         if problem is not None:
             return usage_error("layernorm stability", f"argument --plot: {problem}")
-    res = stability.run_suite(args.quick, args.seed, timing=not args.no_timing)
+    res = stability.run_suite(args.quick, args.seed, timing=not args.no_timing,
+                              peers=not args.no_peers)
     print("\n\n".join(stability.format_table(t, markdown=True) for t in res.tables))
     if args.plot is not None:
         print(f"\nplot written to {stability.plot_sweep(res.sweep, args.plot)}")
@@ -59,9 +62,26 @@ def _headline_figure(res: stability.Results) -> str:
 
 
 def _targets(res: stability.Results) -> int:
-    """How many rows of the tables carry a target."""
-    return sum(row[t.head.index("result")] in ("pass", "FAIL")
-               for t in res.tables if "result" in t.head for row in t.rows)
+    """How many rows of the tables carry a target of ours: those with a result, and every row
+    of the peers' table (ours is held to its dtype's target there)."""
+    return sum(row[t.head.index("result")] in ("pass", "FAIL") if "result" in t.head
+               else t.title == stability.PEER_TITLE for t in res.tables for row in t.rows)
+
+
+def _peer_standing(res: stability.Results) -> str:
+    """One sentence: on how many of table 5's cases each peer misses ours' targets, or that
+    the run has no peers' table."""
+    table = next((t for t in res.tables if t.title == stability.PEER_TITLE), None)
+    if table is None:
+        return ""
+    n = len(table.rows)
+    parts = [f"{peer} absent" if all(row[table.head.index(f"{peer} y")] == "absent"
+                                      for row in table.rows)
+             else f"{peer} on {len(res.missed.get(peer, []))}"
+             for peer in stability.PEERS]
+    return (f"on the same {n} adversarial cases (large means, constant rows, values near 1e30 "
+            f"and 1e300, half-precision extremes, long rows) the peers miss those targets: "
+            + ", ".join(parts))
 
 
 def report_section(ctx: object) -> Section:
@@ -76,17 +96,24 @@ def report_section(ctx: object) -> Section:
     head = (f"all {n} targets met" if not res.failed else
             f"**FAIL**: {len(res.failed)} of {n} targets missed, e.g. {res.failed[0]}")
     figure = _headline_figure(res)
+    peers = _peer_standing(res)
     summary = [f"{head} against an exact oracle (integer arithmetic)"
-               + (f"; {figure}." if figure else ".")]
-    tables = [stability.format_table(t, markdown=True) for t in res.tables]
+               + (f"; {figure}." if figure else "."),
+               *([f"{peers[0].upper()}{peers[1:]}."] if peers else [])]
+    right = (f"**{'Yes' if not res.failed else 'No'}, against exact answers:** "
+             f"{head.replace('**FAIL**: ', '')} on the adversarial suite"
+             + (f"; {peers}." if peers else "."))
+    shown = [t for t in res.tables[1:] if t.title == stability.PEER_TITLE]
+    rest = [t for t in res.tables[1:] if t.title != stability.PEER_TITLE]
     body = (
         "Errors of the variance algorithms and of the library against exact answers (integer "
-        "arithmetic; see docs/numerics.md). Reproduce with "
+        "arithmetic; see docs/numerics.md), and of torch, torch.compile and onnxruntime on the "
+        "same inputs. Reproduce with "
         f"`layernorm stability{' --quick' if ctx.quick else ''}`.\n\n"
         f"**{'All targets met' if not res.failed else head}.**\n\n{plot}\n\n"
-        + tables[0] + "\n\n"
-        + "\n\n".join(folded(t.title, text) for t, text in zip(res.tables[1:], tables[1:],
-                                                                  strict=True))
+        + stability.format_table(res.tables[0], markdown=True) + "\n\n"
+        + "".join(stability.format_table(t, markdown=True) + "\n\n" for t in shown)
+        + "\n\n".join(folded(t.title, stability.format_table(t, markdown=True)) for t in rest)
         + "\n"
     )
-    return Section(summary, body)
+    return Section(summary, body, {"right": right})
