@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -145,16 +147,19 @@ _MODULE_CASES = {  # id: (parameter set, its value, x's last axis, the error)
     (norm, case) for norm in ("LayerNorm", "RMSNorm") for case in _MODULE_CASES
     if not (norm == "RMSNorm" and _MODULE_CASES[case][0] == "beta")])
 def test_a_module_names_the_parameter_that_does_not_fit_it(norm, case):
-    """Protects the fused modules' errors: with a parameter or x of the wrong shape for the
-    module's D, the error names that argument, the module's shape and the one it got (the
-    functions' checks, which know only x, blamed gamma for a wrong x and beta for a gamma
-    matching a wrong x)."""
-    pytest.importorskip("numba")
-    from layernorm import cpu
-
+    """Protects the modules' errors (the reference's and the fused ones): with a parameter or
+    x of the wrong shape for the module's D, the error names that argument, the module's shape
+    and the one it got (the functions' checks, which know only x, blamed gamma for a wrong x
+    and beta for a gamma matching a wrong x)."""
     attr, value, width, message = _MODULE_CASES[case]
-    for reuse in (False, True):
-        m = getattr(cpu, norm)(8, reuse_buffers=reuse)
+    made = [lambda: getattr(ln, norm)(8)]
+    if importlib.util.find_spec("numba") is not None:
+        from layernorm import cpu
+
+        made += [lambda reuse=reuse: getattr(cpu, norm)(8, reuse_buffers=reuse)
+                 for reuse in (False, True)]
+    for make in made:
+        m = make()
         if attr is not None:
             setattr(m, attr, value)
         x = np.random.default_rng(1).standard_normal((3, width))

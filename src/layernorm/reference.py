@@ -79,6 +79,7 @@ from ._validate import (
     check_dy,
     check_eps,
     check_flag,
+    check_module_input,
     check_param,
     check_shape,
     check_x,
@@ -522,6 +523,8 @@ class LayerNorm(_Norm):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """y for x of shape (..., D); keeps the cache for :meth:`backward`."""
+        x = check_x(x)
+        check_module_input(x, self.D, {"gamma": self.gamma, "beta": self.beta})
         y, self._cache = layer_norm_forward(x, self.gamma, self.beta, self.eps,
                                             zero_centered_gamma=self.zero_centered_gamma)
         return y
@@ -546,6 +549,8 @@ class RMSNorm(_Norm):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """y for x of shape (..., D); keeps the cache for :meth:`backward`."""
+        x = check_x(x)
+        check_module_input(x, self.D, {"gamma": self.gamma})
         y, self._cache = rms_norm_forward(x, self.gamma, self.eps,
                                           zero_centered_gamma=self.zero_centered_gamma)
         return y
