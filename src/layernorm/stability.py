@@ -589,6 +589,7 @@ PEERS = ("torch", "torch.compile", "onnxruntime")
 OURS = "ours"
 PEER_TITLE = "The peers on the same inputs: error of y and dx against the exact oracle"
 _PEER_BACKWARD = ("torch", "torch.compile")  # onnxruntime has no backward
+_PEER_COLS = (*(f"{w} y" for w in (OURS, *PEERS)), *(f"{w} dx" for w in (OURS, *_PEER_BACKWARD)))
 # The peers' cases have sizes of their own, the same under --quick, so that torch.compile
 # compiles the same graphs for the report and the command (Inductor caches them on disk).
 PEER_ROWS, PEER_D, PEER_LONG_D = 4, 1024, 100_000
@@ -764,8 +765,6 @@ def _peer_row(case: PeerCase, rng: np.random.Generator, ours: tuple[str, object]
     return row, misses, raised
 
 
-_PEER_COLS = (*(f"{w} y" for w in (OURS, *PEERS)), *(f"{w} dx" for w in (OURS, *_PEER_BACKWARD)))
-
 
 def _versions() -> str:
     """The peers' library versions, as the table's note gives them."""
@@ -802,8 +801,7 @@ def peer_table(rng: np.random.Generator, cases: list[PeerCase] | None = None
     """
     ours = _family_modules()[-1]
     absent = absent_peers()
-    table = Table(PEER_TITLE, ["norm", "case", "dtype", *_PEER_COLS, "fails"],
-    )
+    table = Table(PEER_TITLE, ["norm", "case", "dtype", *_PEER_COLS, "fails"])
     failed: list[str] = []
     missed: dict[str, list[tuple[str, str, str]]] = {p: [] for p in PEERS}
     problems: list[str] = []
@@ -817,12 +815,13 @@ def peer_table(rng: np.random.Generator, cases: list[PeerCase] | None = None
                            f"{bound:.0e}" for k, err, bound in found]
             else:
                 missed[who].append((row[0], case.name, case.dtype))
+    mine = ("the fused CPU kernels (layernorm.cpu, what layernorm.torch calls)"
+            if ours[0] == FUSED else "the NumPy reference (numba is not installed)")
     notes = [
         f"Normwise relative errors (max|got - exact|/max|exact|) of each implementation on the "
         f"same inputs: gamma = 1 + N(0, 0.25), beta and dy ~ N(0, 1), each norm's default eps "
-        f"(1e-5 LayerNorm, 1e-6 RMSNorm). {OURS}: {ours[0]} (layernorm.cpu, what layernorm.torch "
-        f"calls; the NumPy reference without numba). torch: F.layer_norm and F.rms_norm, eager, "
-        f"with autograd; torch.compile: the same function under Inductor, static shapes, "
+        f"(1e-5 LayerNorm, 1e-6 RMSNorm). {OURS}: {mine}. torch: F.layer_norm and F.rms_norm, "
+        f"eager, with autograd; torch.compile: the same function under Inductor, static shapes, "
         f"compiled for each case; onnxruntime: LayerNormalization (opset 17) and "
         f"SimplifiedLayerNormalization on its CPU provider, with no backward (no dx column) "
         f"and no bfloat16 CPU kernel (—); its epsilon attribute is a float32. NaN, inf: the "
