@@ -8,7 +8,7 @@ or 1 + gamma, and centred = True for LayerNorm, False for RMSNorm (then hi = lo 
               B  s1 = sum_j (x_j - m0), s2 = sum_j (x_j - m0)^2, c = s1 / D
                  if c^2 > RECENTRE * (s2 / D - c^2): m0 = T(m0 + c), B again
                  hi + lo = m0 + c (two T numbers), var = s2 / D - c^2, rstd = 1/sqrt(var + eps)
-                 RMSNorm: s2 = sum_j x_j^2 with each square and sum in float64, var = s2 / D
+                 RMSNorm: s2 = sum_j x_j^2 (in float64 for float32 storage), var = s2 / D
               C  y_j = scale_j * ((x_j - hi) - lo) * rstd + beta_j
     backward  1  u_j = dy_j * scale_j, su = sum_j u_j, sut = sum_j u_j * (x_j - hi)
                  mean(g) = su / D (centred only), mean(g * xhat) = rstd * (sut - lo * su) / D
@@ -245,8 +245,9 @@ def _sum_centred(row, m0, z, with_ck):
 
 
 @njit(fastmath={"reassoc", "contract"}, cache=True)
-def _sum_squares(row, with_ck):
-    """(sum_j row_j^2, checksum) in float64 (row: (D,) storage); the checksum as for
+def _sum_squares(row, z, with_ck):
+    """(sum_j row_j^2, checksum) of a row (D,) of storage; the sum in float64 for float32
+    storage, in T (z's type) joined in float64 for the others; the checksum as for
     :func:`_sum_centred`.
 
     RMSNorm's squares are not centred: on rows of values of one magnitude (an offset, a
@@ -254,24 +255,34 @@ def _sum_squares(row, with_ck):
     Vectorised over L lanes, each lane adds BLOCK/L of them in sequence, so summed in float32
     they lose up to about BLOCK/L units of rounding, a number set by the CPU: on constant
     float32 rows (D = 4096) up to 17 ulps of y compiled for SSE (8 lanes) and 4 for AVX-512
-    (64 lanes), against up to 4 for the NumPy reference's pairwise sum. The square of a
-    float32, float16 or bfloat16 value is exact in float64 and cannot overflow there (so
-    contracting it into the add, an FMA, changes no bit), and a float64 sum of them leaves
-    y = x * rstd within its own two roundings (under 2 ulps) on any CPU. Float64 input is
-    summed as it is, its float64 error far below the float64 targets.
+    (64 lanes), against up to 4 for the NumPy reference's pairwise sum. The square of a float32
+    value is exact in float64 and cannot overflow there (so contracting it into the add, an
+    FMA, changes no bit), and a float64 sum of them leaves y = x * rstd within its own two
+    roundings (under 2 ulps) on any CPU. float16 and bfloat16 outputs are too coarse to see the
+    float32 sum's error (at most about 64 float32 units, under a hundredth of their ulp), so
+    their squares, exact in float32, stay there, at no cost; float64 is summed as it is, its
+    error far below the float64 targets.
     """
+    wide = row.itemsize == 4  # float32 storage
     s2 = 0.0
     ck = np.uint64(0)
     for j0 in range(0, row.shape[0], BLOCK):
         blk = row[j0:j0 + BLOCK]  # (<= BLOCK,)
-        b2 = 0.0
-        for j in range(blk.shape[0]):
-            v = np.float64(_ld(blk[j]))
-            b2 += v * v
+        if wide:
+            b64 = 0.0
+            for j in range(blk.shape[0]):
+                v = np.float64(_ld(blk[j]))
+                b64 += v * v
+            s2 += b64
+        else:
+            bt = z
+            for j in range(blk.shape[0]):
+                w = _ld(blk[j])
+                bt += w * w
+            s2 += bt
         if with_ck:  # a loop of its own: the sum's order is the same with or without it
             for j in range(blk.shape[0]):
                 ck += _mix(blk[j], j0 + j)
-        s2 += b2
     return s2, ck
 
 
@@ -322,7 +333,7 @@ def _row_stats(xr, eps, centred, z, with_ck):
     the T path while mean(x^2) fits T (then rstd and x * rstd do too)."""
     D = xr.shape[0]
     if not centred:
-        s2, ck = _sum_squares(xr, with_ck)
+        s2, ck = _sum_squares(xr, z, with_ck)
         ms = s2 / D
         return z, z, 1.0 / np.sqrt(ms + eps), np.isfinite(_to(ms, z)), ck
     m0 = _sample_mean(xr, z)
