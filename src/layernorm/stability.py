@@ -661,22 +661,14 @@ def _onnxruntime(norm: Norm, a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     LayerNormalization (opset 17) or SimplifiedLayerNormalization (its RMSNorm), on float16,
     float32 or float64 inputs (its epsilon attribute is a float32)."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper
 
-    elem = {"float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT,
-            "float64": TensorProto.DOUBLE}[a["x"].dtype.name]
+    from .bench.peers import onnx_model
+
     names = ["x", "gamma", "beta"] if norm.centred else ["x", "gamma"]
-    ins = [helper.make_tensor_value_info(k, elem, list(a[k].shape)) for k in names]
-    out = helper.make_tensor_value_info("y", elem, list(a["x"].shape))
-    op = "LayerNormalization" if norm.centred else "SimplifiedLayerNormalization"
-    node = helper.make_node(op, names, ["y"], axis=-1, epsilon=norm.eps)
-    model = helper.make_model(helper.make_graph([node], norm.name, ins, [out]),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = onnx_model(norm.name, a["x"].shape, a["x"].dtype.name, norm.eps)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
     return {"y": sess.run(None, {k: a[k] for k in names})[0]}
 
 

@@ -51,7 +51,7 @@ from .machine import run_meta
 __all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "LLAMA", "MODES", "NAMES", "PEERS",
            "ROUNDS", "SHAPES", "Absent", "Case", "answers", "available_peers", "doc_section",
            "end_to_end_verdict", "figure", "format_end_to_end", "judged_against",
-           "llama_end_to_end", "load", "measure", "plot", "run", "summary", "table"]
+           "llama_end_to_end", "load", "measure", "onnx_model", "plot", "run", "summary", "table"]
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "decode": (1, 1, 4096),
@@ -146,14 +146,20 @@ def _torch_call(forward: Callable, case: Case, t: dict) -> tuple[Callable, Calla
     return call, call
 
 
-def _onnx_model(case: Case, eps: float):
+def onnx_model(norm: str, dims: tuple[int, ...], dtype: str, eps: float) -> bytes:
+    """A serialized ONNX graph of one node, onnxruntime's fused CPU operator for ``norm`` (a
+    family name) on inputs of shape ``dims`` and ``dtype`` (float16, bfloat16, float32,
+    float64): LayerNormalization and SimplifiedLayerNormalization (opset 17), or, for the
+    add-norms, com.microsoft's SkipLayerNormalization and SkipSimplifiedLayerNormalization.
+    Inputs x, [residual,] gamma[, beta]; outputs y[, h]."""
     import onnx
     from onnx import TensorProto, helper
 
-    n = family_norm(case.norm)
-    dims = list(case.dims)
+    n = family_norm(norm)
+    dims = list(dims)
     d = dims[-1]
-    elem = {"float32": TensorProto.FLOAT, "bfloat16": TensorProto.BFLOAT16}[case.dtype]
+    elem = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
+            "float32": TensorProto.FLOAT, "float64": TensorProto.DOUBLE}[dtype]
     ins = [helper.make_tensor_value_info("x", elem, dims)]
     if n.residual:
         ins.append(helper.make_tensor_value_info("residual", elem, dims))
@@ -169,7 +175,7 @@ def _onnx_model(case: Case, eps: float):
     else:
         op = "LayerNormalization" if n.centred else "SimplifiedLayerNormalization"
         node = helper.make_node(op, [i.name for i in ins], ["y"], axis=-1, epsilon=eps)
-    graph = helper.make_graph([node], case.norm, ins, outs)
+    graph = helper.make_graph([node], norm, ins, outs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
@@ -189,7 +195,8 @@ def _onnxruntime(case: Case, t: dict, eps: float) -> tuple[Callable, Callable]:
     opts.intra_op_num_threads = case.threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(_onnx_model(case, eps), opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(onnx_model(case.norm, case.dims, case.dtype, eps), opts,
+                                providers=["CPUExecutionProvider"])
     binding = sess.io_binding()
     for i in sess.get_inputs():
         binding.bind_cpu_input(i.name, t[i.name].numpy())
