@@ -143,6 +143,7 @@ def test_report_section_without_results(tmp_path, monkeypatch):
     assert "No GPU measurements exist yet" in sec.body
     assert "`layernorm bench --device cuda`" in sec.body
     assert sec.summary[0].startswith("not measured")
+    assert sec.answers["faster"].startswith("On a GPU: not measured")
 
 
 def test_report_section_with_results(tmp_path, monkeypatch):
@@ -161,6 +162,7 @@ def test_report_section_with_results(tmp_path, monkeypatch):
     assert "| rms_norm | bfloat16 | fwd | 131072 |" in text
     assert "(gpu-bandwidth.png)" in text and "<details>" in text
     assert "measured on NVIDIA H100" in sec.summary[0] and "1 row failed" in sec.summary[0]
+    assert sec.answers["faster"].startswith("On a GPU (NVIDIA H100 80GB HBM3, not this machine")
     assert (out / "gpu-bandwidth.png").stat().st_size > 0
 
 

@@ -420,7 +420,9 @@ def gpu_report_section(ctx: object) -> Section:
              "an NVIDIA GPU; the next report shows them."],
             "No GPU measurements exist yet. On a machine with a CUDA GPU, run "
             f"`{gpu.COMMAND}`: it writes `bench/results/gpu-<time>-<device>.json`, which the "
-            "next `layernorm report` shows here as a table and a bandwidth plot.\n")
+            "next `layernorm report` shows here as a table and a bandwidth plot.\n",
+            {"faster": "On a GPU: not measured; no GPU results exist (the GPU kernels are "
+                       "tested under Triton's interpreter only)."})
     rows = gpu.load_results(path)
     summary = [f"measured on {rows[0]['device']} (`{path.as_posix()}`, not on this machine "
                f"unless it has that GPU): {_gpu_headline(rows)}."]
@@ -441,4 +443,6 @@ def gpu_report_section(ctx: object) -> Section:
         parts += ["(matplotlib is not installed, so there is no plot: pip install matplotlib.)",
                   ""]
     parts.append(folded("All rows", gpu.format_table(rows, markdown=True)))
-    return Section(summary, "\n".join(parts) + "\n")
+    return Section(summary, "\n".join(parts) + "\n",
+                   {"faster": f"On a GPU ({rows[0]['device']}, not this machine unless it has "
+                              f"that GPU): {_gpu_headline(rows)}."})
