@@ -444,6 +444,22 @@ def test_module_options_the_swap_uses():
         lt.LayerNorm(None)
 
 
+def test_an_empty_normalized_shape_is_refused_and_old_pickles_load():
+    """Protects two edges of the module options: normalized_shape=() is refused as torch's
+    functions refuse it (only None means "the last axis"), and a module pickled without the
+    option attributes reads them as off (the class defaults) and computes as before."""
+    for m in (lt.LayerNorm((), elementwise_affine=False), lt.RMSNorm((), 1e-3, False)):
+        with pytest.raises(ValueError, match=r"normalized_shape must be non-empty .* got \(\)"):
+            m(torch.randn(2, 3))
+    norm = lt.RMSNorm(8, 1e-3)
+    old = lt.RMSNorm.__new__(lt.RMSNorm)
+    old.__dict__.update({k: v for k, v in norm.__dict__.items()
+                         if k not in ("result_dtype", "zero_centered_gamma", "_last_axis")})
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        assert torch.equal(old(x), norm(x))
+
+
 def test_transformers_not_imported():
     """Protects transformers being optional: importing layernorm.torch does not import it."""
     code = "import sys, layernorm.torch; print('transformers' in sys.modules)"

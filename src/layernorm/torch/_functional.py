@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -143,16 +144,49 @@ def _checked(x: object, residual: object, normalized_shape: object, weight: obje
     return x, residual, shape, weight, bias, eps, zero_centered_gamma, h_dtype
 
 
+# How a call learns that it is being traced or exported, looked up once. torch.compiler's
+# is_exporting arrived in torch 2.6: before it, no export is recognised (and the dynamo ONNX
+# exporter meets our ops, which it cannot translate: docs/export.md). The tracing state is a
+# torch internal, read and paused where it exists.
+_get_tracing_state = getattr(torch._C, "_get_tracing_state", None)
+_set_tracing_state = getattr(torch._C, "_set_tracing_state", None)
+_is_exporting = getattr(torch.compiler, "is_exporting", None) or (lambda: False)
+
+
+def _is_tracing() -> bool:
+    if _get_tracing_state is None:
+        return torch.jit.is_tracing()
+    return _get_tracing_state() is not None
+
+
+def _onnx_exporting() -> bool:
+    """An ONNX exporter is running. Dynamo's strict capture folds ``is_in_onnx_export()`` to
+    False, so the dynamo exporter's own flag is read too (a module global, which dynamo reads as
+    it is); imported here, on the rare calls that ask."""
+    if torch.onnx.is_in_onnx_export():
+        return True
+    try:
+        from torch.onnx._internal.exporter import _flags
+    except ImportError:
+        return False
+    return bool(getattr(_flags, "_is_onnx_exporting", False))
+
+
 @contextlib.contextmanager
 def _trace_paused() -> Iterator[None]:
     # torch.jit.trace hands out sizes as tensors, so every check of one would warn that the
     # trace "might not generalize"; the checks record nothing the graph needs
-    state = torch._C._get_tracing_state()
-    torch._C._set_tracing_state(None)
+    if _get_tracing_state is None or _set_tracing_state is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            yield
+        return
+    state = _get_tracing_state()
+    _set_tracing_state(None)
     try:
         yield
     finally:
-        torch._C._set_tracing_state(state)
+        _set_tracing_state(state)
 
 
 def _traced_sizes(shape: object) -> object:
@@ -211,7 +245,7 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
           weight: object, bias: object, eps: object, zero_centered_gamma: object,
           residual_dtype: object, x_name: str) -> tuple[Tensor, Tensor | None]:
     """(y, h) of the family member (centred, residual given), h None for a plain norm."""
-    tracing = torch.jit.is_tracing()
+    tracing = _is_tracing()
     if tracing:
         with _trace_paused():
             checked = _checked(x, residual, _traced_sizes(normalized_shape), weight, bias, eps,
@@ -229,7 +263,7 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
 
     # An ONNX exporter (the TorchScript one traces, the dynamo one exports) translates torch's
     # standard operations, and knows nothing of the layernorm ops: it is given those.
-    if (tracing or torch.compiler.is_exporting()) and torch.onnx.is_in_onnx_export():
+    if (tracing or _is_exporting()) and _onnx_exporting():
         return _standard(centred, x, residual, shape, weight, bias, eps, zero_centered_gamma,
                          h_dtype, rms_decomposed=tracing)
 

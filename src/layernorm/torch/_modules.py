@@ -34,8 +34,10 @@ class _Ours:
     """What both modules add to torch's: zero-centred gamma, the result's dtype, the last axis
     of any size, and a name that says whose."""
 
-    zero_centered_gamma: bool
-    result_dtype: str
+    # class-level defaults: a module pickled without an option reads it as off
+    zero_centered_gamma: bool = False
+    result_dtype: str = "input"
+    _last_axis: bool = False  # built with normalized_shape=None
 
     def _options(self, normalized_shape: object, elementwise_affine: bool,
                  zero_centered_gamma: bool, result_dtype: object) -> object:
@@ -50,7 +52,8 @@ class _Ours:
                              "elementwise_affine=False: a weight fixes the size")
         self.zero_centered_gamma = zero_centered_gamma
         self.result_dtype = result_dtype
-        return () if normalized_shape is None else normalized_shape
+        self._last_axis = normalized_shape is None
+        return () if self._last_axis else normalized_shape
 
     def _get_name(self) -> str:  # the repr's class name
         return f"layernorm.torch.{type(self).__name__}"
@@ -62,8 +65,7 @@ class _Ours:
                 self.weight.zero_()
 
     def _shape(self, x: Tensor) -> tuple[int, ...] | int:
-        # () stands for normalized_shape=None: the last axis of x
-        return self.normalized_shape or x.shape[-1]
+        return x.shape[-1] if self._last_axis else self.normalized_shape
 
     def _result(self, x: Tensor, params: tuple[Tensor | None, ...]) -> torch.dtype | None:
         """The result's dtype where ``result_dtype`` makes it other than x's (else None)."""
@@ -91,7 +93,7 @@ class _Ours:
 
     def extra_repr(self) -> str:
         base = super().extra_repr()  # type: ignore[misc]
-        if not self.normalized_shape:
+        if self._last_axis:
             base = base.replace("()", "None (the last axis)", 1)
         if self.zero_centered_gamma:
             base += ", zero_centered_gamma=True"
@@ -121,6 +123,9 @@ class LayerNorm(_Ours, torch.nn.LayerNorm):
     def forward(self, input: Tensor) -> Tensor:
         """Normalized ``input`` (..., *normalized_shape), same shape; input's dtype unless
         ``result_dtype`` says otherwise."""
+        if self.result_dtype == "input" and not self._last_axis:  # the common case, directly
+            return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps,
+                              zero_centered_gamma=self.zero_centered_gamma)
         return self._run(layer_norm, input, self.weight, self.bias)
 
 
@@ -146,4 +151,7 @@ class RMSNorm(_Ours, torch.nn.RMSNorm):
     def forward(self, x: Tensor) -> Tensor:
         """Normalized ``x`` (..., *normalized_shape), same shape; x's dtype unless
         ``result_dtype`` says otherwise."""
+        if self.result_dtype == "input" and not self._last_axis:  # the common case, directly
+            return rms_norm(x, self.normalized_shape, self.weight, self.eps,
+                            zero_centered_gamma=self.zero_centered_gamma)
         return self._run(rms_norm, x, self.weight)
