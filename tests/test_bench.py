@@ -668,3 +668,19 @@ def test_pass_bytes_count_a_shared_gradient_once():
             assert harness.pass_bytes(case, "bwd", item, impl) == bwd, (name, impl)
             assert harness.pass_bytes(case, "fwd", item, impl) == fwd, (name, impl)
             assert harness.pass_bytes(case, "fwd+bwd", item, impl) == fwd + bwd, (name, impl)
+
+
+def test_a_result_records_the_command_that_made_it(monkeypatch, tmp_path):
+    """Protects the command a result file records, which is how to make it again: the
+    layernorm command (its script or python -m layernorm) as `layernorm ...`, and a tool as
+    `python tools/<name>.py ...`, not as a layernorm command it is not."""
+    from layernorm.bench.machine import command_line
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["/venv/bin/layernorm", "bench", "--peers"])
+    assert command_line() == "layernorm bench --peers"
+    monkeypatch.setattr("sys.argv", ["/x/layernorm/__main__.py", "report"])
+    assert command_line() == "layernorm report"
+    (tmp_path / "tools").mkdir()
+    monkeypatch.setattr("sys.argv", [str(tmp_path / "tools" / "call_cost.py"), "--out", "f"])
+    assert command_line() == "python tools/call_cost.py --out f"

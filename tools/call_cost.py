@@ -73,6 +73,12 @@ def main() -> None:
             ("      of which torch.empty of y", empty),
             (f"    the kernel's arithmetic on {d} elements (op minus op on 64)", op - op64),
         ]
+        theirs, ours = torch.nn.LayerNorm(d), lt.LayerNorm(d)
+        rows += [
+            ("torch.nn.LayerNorm, the module's whole call", per_call_us(lambda: theirs(x))),
+            ("layernorm.torch.LayerNorm, the module's whole call (inference)",
+             per_call_us(lambda: ours(x))),
+        ]
     train = per_call_us(lambda: lt.layer_norm(xg, d, w, b), n=500)
     rows.append(("layernorm.torch.layer_norm, forward with autograd (x requires grad)", train))
     key = entry.forward_key("float32", None, None, "float32", "float32")

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["machine_info", "run_meta"]
+__all__ = ["command_line", "machine_info", "run_meta"]
 
 
 def _cpu_name() -> str:
@@ -41,6 +41,19 @@ def machine_info() -> dict[str, str]:
     return info
 
 
+def command_line() -> str:
+    """The command that is running, as a user would type it again: ``layernorm ...`` for the
+    command (its script or ``python -m layernorm``), else ``python <script> ...``."""
+    script = Path(sys.argv[0])
+    if script.name in ("layernorm", "__main__.py") or not script.name:
+        return " ".join(["layernorm", *sys.argv[1:]])
+    try:
+        script = script.resolve().relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return " ".join(["python", script.as_posix(), *sys.argv[1:]])
+
+
 def run_meta() -> dict:
     """What every benchmark run records beside its rows: when, where, the command, the machine
     and versions, and the 1-minute load average (other processes share the cores), to which the
@@ -48,7 +61,7 @@ def run_meta() -> dict:
     return {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": platform.node(),
-        "command": " ".join(["layernorm", *sys.argv[1:]]),
+        "command": command_line(),
         "machine": machine_info(),
         "loadavg": [os.getloadavg()[0]],
     }

@@ -151,12 +151,8 @@ def _checked(x: object, residual: object, normalized_shape: object, weight: obje
 _get_tracing_state = getattr(torch._C, "_get_tracing_state", None)
 _set_tracing_state = getattr(torch._C, "_set_tracing_state", None)
 _is_exporting = getattr(torch.compiler, "is_exporting", None) or (lambda: False)
-
-
-def _is_tracing() -> bool:
-    if _get_tracing_state is None:
-        return torch.jit.is_tracing()
-    return _get_tracing_state() is not None
+# None unless a trace is running (called on every call: the C function where there is one)
+_tracing_state = _get_tracing_state or (lambda: True if torch.jit.is_tracing() else None)
 
 
 def _onnx_exporting() -> bool:
@@ -245,7 +241,7 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
           weight: object, bias: object, eps: object, zero_centered_gamma: object,
           residual_dtype: object, x_name: str) -> tuple[Tensor, Tensor | None]:
     """(y, h) of the family member (centred, residual given), h None for a plain norm."""
-    tracing = _is_tracing()
+    tracing = _tracing_state() is not None
     if tracing:
         with _trace_paused():
             checked = _checked(x, residual, _traced_sizes(normalized_shape), weight, bias, eps,
