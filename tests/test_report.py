@@ -34,7 +34,8 @@ def test_first_screen_answers_the_questions_before_the_details(tmp_path, monkeyp
                                      "## Machine", "## Gradient checks")]
     assert order == sorted(order)
     first = text[:text.index("## Summary")]
-    assert f"**Yes, in every check run here.** All {len(check_rows)} gradient checks" in first
+    assert f"**Yes, in every check run here.** All {len(check_rows)} checks" in first
+    assert "the fused CPU kernels agree with the reference in every dtype" in first
     assert "([gradient checks](#gradient-checks))" in first
     assert "**1.10x** the best peer. ([cpu versus peers](#cpu-versus-peers))" in first
     use = first[first.index("## What to use on this machine"):]
@@ -71,8 +72,9 @@ def _row(norm: str, shape: str, mode: str, ours: tuple, **peer_times: tuple) -> 
 def test_peer_answers_count_only_steady_shapes():
     """Protects the speed answer: per norm and mode, ours against the fastest peer of each
     shape, median over steady shapes only; a shape whose time spread wide is counted as too
-    noisy to tell, never as faster or slower; the recommendation names what ran fastest at
-    most shapes and where something else did."""
+    noisy to tell, never as faster or slower; the recommendation names what was faster beyond
+    the noise at most shapes and where something else was, and credits a level shape to
+    neither."""
     steady = (1.0, 0.98, 1.02)
     rows = [
         _row("layer_norm", "BERT", "inference", steady, torch=(2.0, 1.9, 2.1),
@@ -87,6 +89,9 @@ def test_peer_answers_count_only_steady_shapes():
     assert ("**1.30x** (faster at 2, level at 0, slower at 1 of 4 shapes; too noisy to tell "
             "at 1; slowest 0.50x torch at decode)") in line
     assert "| not timed |" in line  # no training rows
-    assert ("- LayerNorm, inference: `layernorm.torch` (fastest at 2 of 3 steady shapes; "
-            "`torch` at decode)") in got["use"]
+    assert ("- LayerNorm, inference: `layernorm.torch` (faster at 2 of 4 shapes; `torch` at "
+            "decode)") in got["use"]
+    level = [_row("rms_norm", "BERT", "training", steady, torch=(1.0, 0.98, 1.02))]
+    assert "- RMSNorm, training: any (no shape faster or slower beyond the noise; level at " \
+           "BERT)" in peers.answers(level)["use"]
     assert peers.answers([]) == {}

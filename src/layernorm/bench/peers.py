@@ -455,7 +455,8 @@ def _standing(rows: list[dict]) -> dict[tuple[str, str], dict]:
 def answers(rows: list[dict], e2e: dict | None = None) -> dict[str, str]:
     """The report's first screen from one run: "faster" (per norm and mode, ours' speed over
     the fastest peer of each shape, median and counts, noisy shapes named as such; the
-    end-to-end model) and "use" (per norm and mode, what ran fastest at most shapes)."""
+    end-to-end model) and "use" (per norm and mode, what was faster beyond the noise at most
+    shapes; level shapes named, counted for neither)."""
     standing = _standing(rows)
     if not standing:
         return {}
@@ -483,14 +484,22 @@ def answers(rows: list[dict], e2e: dict | None = None) -> dict[str, str]:
             if weakest[2] < 1:
                 text += f"; slowest {weakest[2]:.2f}x {weakest[1]} at {weakest[0]}"
             cells.append(text + ")")
+            # only shapes decided either way: a level one is no reason to pick either
             wins: dict[str, list[str]] = {}
-            for shape, peer, q in steady:
-                wins.setdefault("layernorm.torch" if q >= 1 else peer, []).append(shape)
+            for shape, peer, _ in s["faster"] + s["slower"]:
+                wins.setdefault("layernorm.torch" if (shape, peer, _) in s["faster"] else peer,
+                                []).append(shape)
+            level = [shape for shape, _, _ in s["level"]]
+            tail = f"; level at {', '.join(level)}" if level else ""
+            if not wins:
+                use.append(f"- {NAMES.get(norm, norm)}, {mode}: any (no shape faster or "
+                           f"slower beyond the noise{tail})")
+                continue
             top = max(wins, key=lambda k: len(wins[k]))
             rest = "; ".join(f"`{k}` at {', '.join(v)}" for k, v in wins.items() if k != top)
-            use.append(f"- {NAMES.get(norm, norm)}, {mode}: `{top}` (fastest at "
-                       f"{len(wins[top])} of {len(steady)} steady shapes"
-                       + (f"; {rest}" if rest else "") + ")")
+            use.append(f"- {NAMES.get(norm, norm)}, {mode}: `{top}` (faster at "
+                       f"{len(wins[top])} of {n} shapes" + (f"; {rest}" if rest else "")
+                       + tail + ")")
         lines.append(f"| {NAMES.get(norm, norm)} | " + " | ".join(cells) + " |")
     faster = (
         f"Ours (`layernorm.torch`) against the fastest of torch eager, torch.compile and "
@@ -504,9 +513,11 @@ def answers(rows: list[dict], e2e: dict | None = None) -> dict[str, str]:
         faster += "\n\nIn a Llama-shaped model (" + "; ".join(
             f"{task}: {e2e[task]['speedup'][0]:.2f}x, {end_to_end_verdict(task, e2e[task])}"
             for task in ("train step", "generate")) + ")."
-    use_text = (f"From this run ({where}): per norm and mode, what ran fastest at most "
-                "shapes, and where something else did. bfloat16 and 1 thread: "
-                "`layernorm bench --peers --full`.\n\n" + "\n".join(use))
+    use_text = (f"From this run ({where}): per norm and mode, what was faster beyond the "
+                "noise (ours against the fastest peer of each shape) at most shapes, where "
+                "something else was, and where they were level; the other shapes were too noisy "
+                "to tell. bfloat16 and 1 thread: `layernorm bench --peers --full`.\n\n"
+                + "\n".join(use))
     return {"faster": faster, "use": use_text}
 
 
