@@ -224,9 +224,9 @@ def test_a_missing_optional_dependency_is_one_line(monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", list(cli.COMMANDS))
 def test_ctrl_c_ends_any_command_with_one_line_and_status_130(name, monkeypatch, capsys):
-    """Protects Ctrl-C: a KeyboardInterrupt in any command printed a traceback; now it is one
-    line on stderr naming the command, exit status 130 (128 + SIGINT), and so it is while the
-    parser is built, before a command is known."""
+    """Protects Ctrl-C: a KeyboardInterrupt in any command ends it with one line on stderr
+    naming the command and exit status 130 (128 + SIGINT), never a traceback, and so it does
+    while the parser is built, before a command is known."""
     def interrupted(*args):
         raise KeyboardInterrupt
 

@@ -233,10 +233,10 @@ def test_cost_command_prints_the_model(capsys):
 
 
 def test_sizes_are_exact_python_integers_whatever_their_type():
-    """Protects the model's figures at large shapes: NumPy integer M and D made them int64,
-    which wrapped around past 2^63 (negative FLOPs for 1e10 x 1e10) and, for int32, past
-    2^31 with no warning; floats and bools were taken as sizes. Now M, D and itemsize are
-    converted to Python ints first, or refused naming the argument."""
+    """Protects the model's figures at large shapes: NumPy integer M and D, as int64, would
+    wrap around past 2^63 (negative FLOPs for 1e10 x 1e10) and, as int32, past 2^31 with no
+    warning; so M, D and itemsize are converted to Python ints first, and floats and bools are
+    refused naming the argument."""
     big = cost.cost("fwd", np.int64(10**10), np.int64(10**10), np.int64(4))
     assert big == cost.cost("fwd", 10**10, 10**10, 4)
     assert type(big.flops) is int and type(big.reference_peak_bytes) is int
@@ -253,8 +253,8 @@ def test_sizes_are_exact_python_integers_whatever_their_type():
 
 def test_cost_command_refuses_a_shape_beyond_any_memory(capsys):
     """Protects `layernorm cost` from modelling what no computer holds: a shape whose x alone
-    needs more than 2^60 bytes (1 EiB) in a dtype asked for was printed as if it were a
-    workload; now it is one line naming --shape, the dtype and the bytes, exit status 2.
+    needs more than 2^60 bytes (1 EiB) in a dtype asked for is refused with one line naming
+    --shape, the dtype and the bytes, exit status 2, not modelled as if it were a workload;
     2^60 bytes exactly is still modelled."""
     from layernorm.commands import cli
     from layernorm.commands import cost as command

@@ -476,10 +476,10 @@ KINKS = {  # name: (f, a VJP whose value at the kink is one of the one-sided der
 @pytest.mark.parametrize("mode", ["fast", "full"])
 @pytest.mark.parametrize("kink", list(KINKS))
 def test_a_kink_is_inconclusive(kink, mode):
-    """Protects the verdict at a kink: max(a, 0) and |a| at an exact 0 raised GradcheckError,
-    since central differences at h and h/2 agree there (on the mean of the one-sided
-    derivatives); the forward and backward differences, which disagree by the same amount at
-    both steps, now make it inconclusive. It costs no evaluation of f beyond the retry at h/2
+    """Protects the verdict at a kink: max(a, 0) and |a| at an exact 0 are inconclusive, not a
+    GradcheckError. Central differences at h and h/2 agree there (on the mean of the one-sided
+    derivatives), so the forward and backward differences, which disagree by the same amount
+    at both steps, decide it. It costs no evaluation of f beyond the retry at h/2
     that every failing comparison makes."""
     f, f_vjp = KINKS[kink]
     a = np.array([0.0, 1.5, -2.0, 0.0, 0.7])

@@ -757,7 +757,6 @@ def _peer_row(case: PeerCase, rng: np.random.Generator, ours: tuple[str, object]
     return row, misses, raised
 
 
-
 def _versions() -> str:
     """The peers' library versions, as the table's note gives them."""
     import importlib

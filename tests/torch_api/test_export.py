@@ -239,6 +239,28 @@ def test_bert_exports_with_the_torchscript_exporter():
     _check_model_export(_bert, "torchscript", 17)
 
 
+def test_onnxruntime_fuses_bert_add_norms_unless_told_not_to(tmp_path):
+    """Protects what docs/export.md says onnxruntime runs: at its default optimization level
+    it replaces the Add + LayerNormalization pairs of the exported swapped BERT (4 of its 6
+    norms) with its own SkipLayerNormalization, and at ORT_ENABLE_BASIC keeps all 6 standard
+    LayerNormalization operators."""
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    _, swapped, _, _ = _model_pair(_bert)
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    model = _to_onnx(swapped, (ids,), "dynamo", RMS_OPSET, names=("ids",))
+    counts = {}
+    for level in ("ORT_ENABLE_ALL", "ORT_ENABLE_BASIC"):
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        opts.optimized_model_filepath = str(tmp_path / f"{level}.onnx")
+        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        ops = collections.Counter(n.op_type for n in onnx.load(opts.optimized_model_filepath)
+                                  .graph.node)
+        counts[level] = (ops["SkipLayerNormalization"], ops["LayerNormalization"])
+    assert counts == {"ORT_ENABLE_ALL": (4, 2), "ORT_ENABLE_BASIC": (0, 6)}
+
+
 def test_only_onnx_export_takes_torch_standard_ops():
     """Protects the other ways out from the ONNX route: torch.export before and after an ONNX
     export, and torch.jit.trace, record the layernorm ops; the ONNX graph has none."""

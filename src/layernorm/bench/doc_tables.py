@@ -1,4 +1,4 @@
-"""The docs' speed tables, each rendered by one function from its result file in the repository.
+"""The docs' measured tables, each rendered by one function from its result file in the repository.
 
 A generated table sits in its document between two comments naming it::
 
@@ -25,7 +25,7 @@ from .._table import render
 from . import peers
 
 __all__ = ["BLOCKS", "Block", "bandwidth_table", "call_cost_table", "complexity_table",
-           "kernel_times_table", "stale", "update"]
+           "kernel_times_table", "onnxruntime_rows_table", "stale", "update"]
 
 NORMS = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "add_layer_norm": "add+LayerNorm",
          "add_rms_norm": "add+RMSNorm"}
@@ -97,6 +97,18 @@ def kernel_times_table(result: dict) -> str:
             f"{m['rounds']} rounds.\n\n" + render(["shape", "dtype", *names], body, True))
 
 
+def onnxruntime_rows_table(result: dict) -> str:
+    """docs/export.md: onnxruntime's LayerNormalization and SkipLayerNormalization against
+    the fused kernels on rows c + (i mod 4), as ``tools/onnxruntime_rows.py`` saved them."""
+    m = result["meta"]
+    body = [[f"{r['c']:.0e}".replace("e+0", "e"), str(r["D"]),
+             f"{r['LayerNormalization']:.1e}", f"{r['SkipLayerNormalization']:.1e}"]
+            for r in result["rows"]]
+    return (f"Max abs difference of y from ours, float32, onnxruntime {m['onnxruntime']} (CPU "
+            "provider):\n\n" + render(["c", "D", "LayerNormalization",
+                                          "SkipLayerNormalization"], body, True))
+
+
 @dataclass(frozen=True)
 class Block:
     """A generated table: the document it sits in, its result file, how it is made."""
@@ -113,6 +125,8 @@ BLOCKS: dict[str, Block] = {
     "cpu-bandwidth": Block("docs/cpu-kernels.md", "cpu-bandwidth.json", bandwidth_table),
     "call-cost": Block("docs/cpu-kernels.md", "call-cost.json", call_cost_table),
     "kernel-times": Block("docs/cpu-kernels.md", "kernel-times.json", kernel_times_table),
+    "onnxruntime-rows": Block("docs/export.md", "onnxruntime-rows.json",
+                              onnxruntime_rows_table),
 }
 _TOOL = "python tools/doc_tables.py"
 

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,6 +48,9 @@ from ..family import norm as family_norm
 from . import providers, results
 from .harness import batch
 from .machine import run_meta
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "LLAMA", "MODES", "NAMES", "PEERS",
            "ROUNDS", "SHAPES", "Absent", "Case", "answers", "available_peers", "doc_section",
@@ -521,7 +525,7 @@ def answers(rows: list[dict], e2e: dict | None = None) -> dict[str, str]:
     return {"faster": faster, "use": use_text}
 
 
-def figure(rows: list[dict]):
+def figure(rows: list[dict]) -> Figure:
     """Ours' speed over the fastest peer judged per case (p20-p80 bars), one panel per mode,
     dtype and thread count, each case's goal marked. Raises ImportError without matplotlib."""
     import matplotlib
