@@ -85,7 +85,11 @@ def _answers(done: list[tuple[str, Section, float]]) -> list[str]:
         if not said:
             lines += ["No section of this report answers it.", ""]
         for title, text in said:
-            lines += [f"{text.strip()} ([{title.lower()}]({anchor(title)}))", ""]
+            link = f"([{title.lower()}]({anchor(title)}))"
+            text = text.strip()
+            # after a list the link gets a line of its own, not the last item's
+            lines += ([text, "", link, ""] if text.splitlines()[-1].startswith("- ")
+                      else [f"{text} {link}", ""])
     return lines
 
 
