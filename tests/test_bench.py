@@ -613,7 +613,7 @@ def test_plots_keep_every_label_inside_the_figure():
                   "best": "torch", "goal": 1.2,
                   "providers": {"layernorm": speed,
                                 "torch": {**speed, "speedup": [1.0, 0.9, 1.1]}}}
-                 for norm in peers.NAMES for shape in peers.SHAPES for mode in peers.MODES]
+                 for norm in NORMS for shape in peers.SHAPES for mode in peers.MODES]
     fig = peers.figure(peer_rows)
     try:
         assert _clipped(fig) == []

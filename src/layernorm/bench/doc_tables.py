@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._table import render
+from ..family import NORMS
 from . import peers
 
 __all__ = ["BLOCKS", "Block", "bandwidth_table", "call_cost_table", "complexity_table",
            "kernel_times_table", "onnxruntime_rows_table", "stale", "update"]
 
-NORMS = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "add_layer_norm": "add+LayerNorm",
-         "add_rms_norm": "add+RMSNorm"}
 
 
 def _rows(result: dict) -> dict[tuple, dict]:
@@ -47,12 +46,12 @@ def complexity_table(result: dict) -> str:
     and torch's fractions of copy, and torch's fwd+bwd time over the fused kernels'."""
     rows = _rows(result)
     body = []
-    for norm, name in NORMS.items():
+    for norm, member in NORMS.items():
         for dtype in ("float32", "bfloat16"):
             def r(impl: str, op: str, norm: str = norm, dtype: str = dtype) -> dict:
                 return rows[norm, "8x1024x4096", dtype, impl, op]
 
-            body.append([name, dtype, f"{r('fused', 'fwd')['copy_gbps']:.1f}",
+            body.append([member.title, dtype, f"{r('fused', 'fwd')['copy_gbps']:.1f}",
                          _frac(r("fused", "fwd")), _frac(r("fused", "bwd")),
                          _frac(r("torch", "fwd"), False), _frac(r("torch", "bwd"), False),
                          f"{r('fused', 'fwd+bwd')['speedup']['torch']:.2f}x"])
@@ -66,11 +65,11 @@ def bandwidth_table(result: dict) -> str:
     rows = _rows(result)
     shapes = list(dict.fromkeys("x".join(map(str, r["shape"])) for r in result["rows"]))
     body = []
-    for norm, name in NORMS.items():
+    for norm, member in NORMS.items():
         cells = [", ".join(f"{rows[norm, s, dtype, 'layernorm.torch', op]['frac_copy']:.0%}"
                            for s in shapes)
                  for dtype in ("float32", "bfloat16") for op in ("fwd", "bwd")]
-        body.append([name, *cells])
+        body.append([member.title, *cells])
     table = render(["norm", "float32 fwd", "float32 bwd", "bfloat16 fwd", "bfloat16 bwd"], body,
                    True)
     return f"{table}\n\n({' first, '.join(shapes)} second.)"

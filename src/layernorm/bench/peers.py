@@ -52,7 +52,7 @@ from .machine import run_meta
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "LLAMA", "MODES", "NAMES", "PEERS",
+__all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "LLAMA", "MODES", "PEERS",
            "ROUNDS", "SHAPES", "Absent", "Case", "answers", "available_peers", "doc_section",
            "end_to_end_verdict", "figure", "format_end_to_end", "judged_against",
            "llama_end_to_end", "load", "measure", "onnx_model", "plot", "run", "summary", "table"]
@@ -429,10 +429,6 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-NAMES = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "add_layer_norm": "add+LayerNorm",
-         "add_rms_norm": "add+RMSNorm"}
-
-
 def _standing(rows: list[dict]) -> dict[tuple[str, str], dict]:
     """Per (norm, mode): each row's fastest peer at p50 (every peer timed, whatever the row is
     judged against) and ours' speed over it, sorted into faster (p20 of the per-round ratios
@@ -490,21 +486,22 @@ def answers(rows: list[dict], e2e: dict | None = None) -> dict[str, str]:
             cells.append(text + ")")
             # only shapes decided either way: a level one is no reason to pick either
             wins: dict[str, list[str]] = {}
-            for shape, peer, _ in s["faster"] + s["slower"]:
-                wins.setdefault("layernorm.torch" if (shape, peer, _) in s["faster"] else peer,
-                                []).append(shape)
+            for shape, _, _ in s["faster"]:
+                wins.setdefault("layernorm.torch", []).append(shape)
+            for shape, peer, _ in s["slower"]:
+                wins.setdefault(peer, []).append(shape)
             level = [shape for shape, _, _ in s["level"]]
             tail = f"; level at {', '.join(level)}" if level else ""
             if not wins:
-                use.append(f"- {NAMES.get(norm, norm)}, {mode}: any (no shape faster or "
+                use.append(f"- {family_norm(norm).title}, {mode}: any (no shape faster or "
                            f"slower beyond the noise{tail})")
                 continue
             top = max(wins, key=lambda k: len(wins[k]))
             rest = "; ".join(f"`{k}` at {', '.join(v)}" for k, v in wins.items() if k != top)
-            use.append(f"- {NAMES.get(norm, norm)}, {mode}: `{top}` (faster at "
+            use.append(f"- {family_norm(norm).title}, {mode}: `{top}` (faster at "
                        f"{len(wins[top])} of {n} shapes" + (f"; {rest}" if rest else "")
                        + tail + ")")
-        lines.append(f"| {NAMES.get(norm, norm)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {family_norm(norm).title} | " + " | ".join(cells) + " |")
     faster = (
         f"Ours (`layernorm.torch`) against the fastest of torch eager, torch.compile and "
         f"onnxruntime at each shape, all timed in this run ({where}; {len(SHAPES)} shapes "

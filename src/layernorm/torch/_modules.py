@@ -84,12 +84,11 @@ class _Ours:
         """``norm(x, shape, *params, eps)`` (params: weight, then bias) in the wider of x's and
         the result's dtype, rounded once to the result's dtype."""
         out = self._result(x, params)
-        if out is None:
-            return norm(x, self._shape(x), *params, self.eps,
-                        zero_centered_gamma=self.zero_centered_gamma)
-        x = x.to(torch.promote_types(x.dtype, out))
-        return norm(x, self._shape(x), *params, self.eps,
-                    zero_centered_gamma=self.zero_centered_gamma).to(out)
+        if out is not None:
+            x = x.to(torch.promote_types(x.dtype, out))
+        y = norm(x, self._shape(x), *params, self.eps,
+                 zero_centered_gamma=self.zero_centered_gamma)
+        return y if out is None else y.to(out)
 
     def extra_repr(self) -> str:
         base = super().extra_repr()  # type: ignore[misc]

@@ -462,7 +462,7 @@ def replace_norms(model: torch.nn.Module, *, only: str | None = None,
              for name, child in parent._modules.items()
              if child is not None and _norm_like(child)
              and (only is None or _kind(child) is ONLY[only])]
-    new: dict[int, torch.nn.Module] = {}
+    chosen: dict[int, torch.nn.Module] = {}  # id -> a module to swap, each once
     left: list[tuple[str, str, str]] = []  # (class, path, why), in the model's order
     seen: set[int] = set()
     for path, _parent, name, old in sites:
@@ -471,15 +471,15 @@ def replace_norms(model: torch.nn.Module, *, only: str | None = None,
         seen.add(id(old))
         why = _why_left(old)
         if why is None:
-            new[id(old)] = old
+            chosen[id(old)] = old
         else:
             left.append((type(old).__name__, _at(path, name), why))
     if strict and left:
         raise ValueError(f"replace_norms(strict=True) would leave {len(left)} norm-like "
                          f"module(s) in place, so it changed nothing: {_listing(left)}")
+    new = {key: _ours(old) for key, old in chosen.items()}
     swapped: dict[str, int] = {}
-    for key, old in list(new.items()):
-        new[key] = _ours(old)
+    for old in chosen.values():
         swapped[type(old).__name__] = swapped.get(type(old).__name__, 0) + 1
     for _path, parent, name, old in sites:
         if id(old) in new:
