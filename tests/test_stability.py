@@ -367,6 +367,23 @@ def test_peers_table_shows_nan_and_zeros_as_failing(peers):
     assert "RMSNorm float64 `±10^U(160, 300)`" in table.note
 
 
+def test_the_peers_run_on_one_thread_compiled_for_one():
+    """Protects table 5 from depending on what ran before it: inside it torch runs one thread
+    and Inductor compiles for one (its config, which its cache of compiled graphs keys on, not
+    the thread count); both are restored after, whatever they were."""
+    torch = pytest.importorskip("torch")
+    from torch._inductor import config
+
+    before, compiled_for = torch.get_num_threads(), config.cpp.threads
+    torch.set_num_threads(2)
+    try:
+        with stability._one_torch_thread():
+            assert (torch.get_num_threads(), config.cpp.threads) == (1, 1)
+        assert (torch.get_num_threads(), config.cpp.threads) == (2, compiled_for)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_missing_peer_is_shown_absent_with_the_reason(monkeypatch):
     """Protects the table where the peers are not installed: torch, torch.compile and
     onnxruntime that do not import are 'absent' in every cell, the note says why, and ours is

@@ -283,6 +283,19 @@ def test_only_onnx_export_takes_torch_standard_ops():
     _standard_only(_ops(model))
 
 
+def test_strict_capture_inside_an_onnx_export_takes_torch_standard_ops(monkeypatch):
+    """Protects the dynamo exporter's strict capture (its fallback when the non-strict one
+    fails): dynamo folds torch.onnx.is_in_onnx_export() to False there, so the exporter's own
+    flag must tell the functions that an ONNX export runs; with it set, a strict capture
+    records torch's layer_norm, not the layernorm op the exporter cannot translate."""
+    flags = pytest.importorskip("torch.onnx._internal.exporter._flags")
+    monkeypatch.setattr(flags, "_is_onnx_exporting", True)
+    graph = torch.export.export(lt.LayerNorm(D).eval(), (torch.randn(2, D),), strict=True).graph
+    ops = {str(n.target) for n in graph.nodes if n.op == "call_function"}
+    assert any("aten.layer_norm" in t for t in ops), ops
+    assert not any("layernorm" in t for t in ops), ops
+
+
 # --- torch.export -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("strict,grad", [(False, True), (False, False), (True, True)],
