@@ -466,13 +466,15 @@ _, _, _ADD_LN = ln.add_layer_norm_forward(X, X)
      "dy must have the shape"),
     (lambda: ln.rms_norm_backward(np.ones((3, 5)), _RMS), ValueError, "dy must have the shape"),
     (lambda: ln.rms_norm_backward(X, _LN), ValueError,
-     "cache must be the NormCache returned by rms_norm_forward, got the cache of a layer norm"),
+     "cache must be the NormCache or OutputCache returned by rms_norm_forward, got the cache "
+     "of a layer norm"),
     (lambda: ln.layer_norm_backward(X, _RMS), ValueError,
-     "cache must be the NormCache returned by layer_norm_forward, got the cache of an RMS"),
+     "cache must be the NormCache or OutputCache returned by layer_norm_forward, got the "
+     "cache of an RMS"),
     (lambda: ln.add_layer_norm_backward(X, None, _ADD_RMS), ValueError,
      "cache must be the AddNormCache returned by add_layer_norm_forward"),
     (lambda: ln.rms_norm_backward(X, _ADD_RMS), TypeError,
-     "cache must be the NormCache returned by rms_norm_forward, got AddNormCache"),
+     "cache must be the NormCache or OutputCache returned by rms_norm_forward, got AddNormCache"),
     (lambda: ln.add_rms_norm_backward(X, None, _RMS), TypeError,
      "cache must be the AddNormCache returned by add_rms_norm_forward, got NormCache"),
     (lambda: ln.RMSNorm(0), ValueError, "D must be >= 1"),

@@ -105,12 +105,15 @@ def check_x(x: object) -> np.ndarray:
     return x
 
 
-def check_dy(dy: object, cache: object, cache_type: type, producer: str) -> np.ndarray:
-    """``dy`` as a floating array of the forward's shape, once ``cache`` is a ``cache_type``."""
+def check_dy(dy: object, cache: object, cache_type: type | tuple[type, ...],
+             producer: str) -> np.ndarray:
+    """``dy`` as a floating array of the forward's shape, once ``cache`` is a ``cache_type``
+    (or one of several)."""
     if not isinstance(cache, cache_type):
+        types = cache_type if isinstance(cache_type, tuple) else (cache_type,)
         raise TypeError(
-            f"cache must be the {cache_type.__name__} returned by {producer}, "
-            f"got {type(cache).__name__}"
+            f"cache must be the {' or '.join(t.__name__ for t in types)} returned by "
+            f"{producer}, got {type(cache).__name__}"
         )
     dy = as_float_array(dy, "dy")
     if dy.shape != cache.x_shape:

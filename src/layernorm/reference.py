@@ -85,11 +85,13 @@ from ._validate import (
     check_x,
 )
 from .dtypes import compute_dtype, widest_compute_dtype
+from .recovery import kept_channels
 
 __all__ = [
     "AddNormCache",
     "LayerNorm",
     "NormCache",
+    "OutputCache",
     "RMSNorm",
     "add_layer_norm_backward",
     "add_layer_norm_forward",
@@ -136,16 +138,69 @@ class NormCache:
 
 
 @dataclass(frozen=True)
+class OutputCache:
+    """What the memory-efficient backward needs: the forward's output y instead of xhat.
+
+    The backward recovers xhat = (y - shift) / scale on the channels :mod:`layernorm.recovery`
+    recovers and reads ``xhat_kept`` on the others (docs/derivation.md, "Backward from y").
+
+    Attributes:
+        centred: True for LayerNorm, False for RMSNorm.
+        y: (M, D) the forward's output as returned (x's dtype), read-only: the array the next
+            layer keeps anyway, so it is not counted in ``nbytes``.
+        rstd: (M,) as in :class:`NormCache`, in the compute dtype.
+        scale: (D,) the scale in the compute dtype (a copy), or None without gamma.
+        shift: (D,) beta in the compute dtype (a copy), or None (RMSNorm, or no beta).
+        keep: (k,) int64, the channels whose xhat cannot be recovered from y.
+        xhat_kept: (M, k) xhat of those channels, in the compute dtype.
+        gamma_dtype, beta_dtype, x_shape, x_dtype: as in :class:`NormCache`.
+    """
+
+    centred: bool
+    y: np.ndarray
+    rstd: np.ndarray
+    scale: np.ndarray | None
+    shift: np.ndarray | None
+    keep: np.ndarray
+    xhat_kept: np.ndarray
+    gamma_dtype: np.dtype | None
+    beta_dtype: np.dtype | None
+    x_shape: tuple[int, ...]
+    x_dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds of its own: rstd, the kept channels and the parameter copies
+        (y is the caller's output)."""
+        params = sum(0 if a is None else a.nbytes for a in (self.scale, self.shift))
+        return self.rstd.nbytes + self.keep.nbytes + self.xhat_kept.nbytes + params
+
+    def xhat(self) -> np.ndarray:
+        """(M, D) xhat in the compute dtype: recovered from y, the kept channels as stored."""
+        cdt = self.rstd.dtype
+        d = self.x_shape[-1]
+        xhat = self.y.reshape(-1, d).astype(cdt)  # (M, D) a new array
+        if self.shift is not None:
+            xhat -= self.shift
+        if self.scale is not None:
+            with np.errstate(divide="ignore", invalid="ignore"):  # kept channels: replaced
+                xhat /= self.scale
+        xhat[:, self.keep] = self.xhat_kept
+        return xhat
+
+
+@dataclass(frozen=True)
 class AddNormCache:
     """What the backward of an add-norm needs: the norm's cache of h, and two dtypes.
 
     Attributes:
-        norm: the :class:`NormCache` of the norm of h (its x_dtype is h's dtype).
+        norm: the :class:`NormCache` (or :class:`OutputCache`) of the norm of h (its x_dtype
+            is h's dtype).
         dx_dtype: dtype of the forward's x; dx is returned in it.
         dresidual_dtype: dtype of the forward's residual; dresidual is returned in it.
     """
 
-    norm: NormCache
+    norm: NormCache | OutputCache
     dx_dtype: np.dtype
     dresidual_dtype: np.dtype
 
@@ -209,41 +264,49 @@ def form_scale(gamma: np.ndarray, cdt: np.dtype, zero_centered_gamma: bool) -> n
 
 
 def _forward(x: np.ndarray, gamma: object, beta: object, eps: object, centred: bool,
-             zero_centered_gamma: object) -> tuple[np.ndarray, NormCache]:
-    """y (M, D) in the compute dtype of x and the cache; x is checked, the rest is checked here."""
+             zero_centered_gamma: object, memory_efficient: object = False,
+             y_dtype: np.dtype | None = None) -> tuple[np.ndarray, NormCache | OutputCache]:
+    """y of x's shape in ``y_dtype`` (x's dtype by default) and the cache; x is checked, the
+    rest is checked here. In memory-efficient mode y is read-only: the cache holds it."""
     d = x.shape[-1]
     gamma = check_param(gamma, "gamma", d)
     beta = check_param(beta, "beta", d)
     zero_centered_gamma = check_flag(zero_centered_gamma, "zero_centered_gamma")
+    memory_efficient = check_flag(memory_efficient, "memory_efficient")
     cdt = compute_dtype(x.dtype)
     eps = check_eps(eps, cdt)
+    y_dtype = x.dtype if y_dtype is None else y_dtype
 
     xhat, rstd = _normalize(x.reshape(-1, d), cdt, eps, centred)  # (M, D), (M,)
     scale = None if gamma is None else form_scale(gamma, cdt, zero_centered_gamma)  # (D,)
+    shift = None if beta is None else beta.astype(cdt)  # (D,) a copy
     y = xhat.copy() if scale is None else xhat * scale  # (M, D): y must not alias the cache
-    if beta is not None:
-        y += beta.astype(cdt, copy=False)
-    cache = NormCache(
-        centred=centred,
-        xhat=xhat,
-        rstd=rstd,
-        scale=scale,
-        gamma_dtype=None if gamma is None else gamma.dtype,
-        beta_dtype=None if beta is None else beta.dtype,
-        x_shape=x.shape,
-        x_dtype=x.dtype,
-    )
-    return y, cache
+    if shift is not None:
+        y += shift
+    y = y.astype(y_dtype, copy=False)  # (M, D) rounded once
+    params = dict(gamma_dtype=None if gamma is None else gamma.dtype,
+                  beta_dtype=None if beta is None else beta.dtype, x_shape=x.shape,
+                  x_dtype=x.dtype)
+    if not memory_efficient:
+        return y.reshape(x.shape), NormCache(centred=centred, xhat=xhat, rstd=rstd, scale=scale,
+                                             **params)
+    y.flags.writeable = False  # the backward reads it: a change would go unnoticed
+    keep = kept_channels(scale, shift, y_dtype, d)  # (k,)
+    y = y.reshape(x.shape)
+    return y, OutputCache(centred=centred, y=y, rstd=rstd, scale=scale, shift=shift, keep=keep,
+                          xhat_kept=xhat[:, keep], **params)
 
 
-def _backward(dy: np.ndarray, cache: NormCache, dtype: np.dtype
+def _backward(dy: np.ndarray, cache: NormCache | OutputCache, dtype: np.dtype
               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """dx (M, D) in ``dtype``, dgamma and dbeta (in their dtypes, or None).
 
     dx = rstd * (g - [mean(g) if centred] - xhat * mean(g * xhat)), g = dy * scale, computed
-    in the compute dtype and rounded once to ``dtype``.
+    in the compute dtype and rounded once to ``dtype``; xhat is the cache's, or recovered from
+    y (:meth:`OutputCache.xhat`).
     """
-    xhat, rstd, scale = cache.xhat, cache.rstd, cache.scale  # (M, D), (M,), (D,) | None
+    xhat = cache.xhat() if isinstance(cache, OutputCache) else cache.xhat  # (M, D)
+    rstd, scale = cache.rstd, cache.scale  # (M,), (D,) | None
     cdt = xhat.dtype
     d = xhat.shape[1]
     dy2 = dy.reshape(-1, d).astype(cdt, order="C", copy=False)  # (M, D) rows contiguous
@@ -272,13 +335,18 @@ def _backward(dy: np.ndarray, cache: NormCache, dtype: np.dtype
     return g.astype(dtype, copy=False), dgamma, dbeta
 
 
-def _check_cache(dy: object, cache: object, cache_type: type, centred: bool,
-                 producer: str) -> np.ndarray:
+_NORM_CACHES = (NormCache, OutputCache)
+
+
+def _check_cache(dy: object, cache: object, cache_type: type | tuple[type, ...],
+                 centred: bool, producer: str) -> np.ndarray:
     """dy checked against ``cache``, which must come from ``producer`` (a norm of this kind)."""
     dy = check_dy(dy, cache, cache_type, producer)
     norm = cache.norm if isinstance(cache, AddNormCache) else cache
     if norm.centred != centred:
-        raise ValueError(f"cache must be the {cache_type.__name__} returned by {producer}, "
+        types = cache_type if isinstance(cache_type, tuple) else (cache_type,)
+        raise ValueError(f"cache must be the {' or '.join(t.__name__ for t in types)} returned "
+                         f"by {producer}, "
                          f"got the cache of {'a layer norm' if norm.centred else 'an RMS norm'}")
     return dy
 
@@ -290,7 +358,8 @@ def layer_norm_forward(
     eps: float = 1e-5,
     *,
     zero_centered_gamma: bool = False,
-) -> tuple[np.ndarray, NormCache]:
+    memory_efficient: bool = False,
+) -> tuple[np.ndarray, NormCache | OutputCache]:
     """Layer norm over the last axis of ``x``.
 
     Args:
@@ -299,20 +368,22 @@ def layer_norm_forward(
         beta: (D,) shift, or None for no shift.
         eps: finite positive number added to the variance.
         zero_centered_gamma: scale by 1 + gamma (formed in the compute dtype) instead of gamma.
+        memory_efficient: keep y (returned read-only) instead of xhat; the backward recovers
+            xhat from it (:mod:`layernorm.recovery` has the rule and its error).
 
     Returns:
         y: same shape and dtype as x. float16/bfloat16 inputs are computed in float32.
-        cache: a :class:`NormCache` for :func:`layer_norm_backward`.
+        cache: a :class:`NormCache` (an :class:`OutputCache` when memory-efficient) for
+            :func:`layer_norm_backward`.
     """
     x = check_x(x)
-    y, cache = _forward(x, gamma, beta, eps, True, zero_centered_gamma)
-    return y.astype(x.dtype, copy=False).reshape(x.shape), cache
+    return _forward(x, gamma, beta, eps, True, zero_centered_gamma, memory_efficient)
 
 
 def layer_norm_backward(
     dy: np.ndarray, cache: NormCache
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Gradients of layer norm given dL/dy and the forward's cache.
+    """Gradients of layer norm given dL/dy and the forward's cache (either kind).
 
     Args:
         dy: gradient of the loss w.r.t. y, same shape as the forward's x; never modified.
@@ -323,7 +394,7 @@ def layer_norm_backward(
         dgamma: (D,) in gamma's dtype, or None when the forward had no gamma.
         dbeta: (D,) in beta's dtype, or None when the forward had no beta.
     """
-    dy = _check_cache(dy, cache, NormCache, True, "layer_norm_forward")
+    dy = _check_cache(dy, cache, _NORM_CACHES, True, "layer_norm_forward")
     dx, dgamma, dbeta = _backward(dy, cache, cache.x_dtype)
     return dx.reshape(cache.x_shape), dgamma, dbeta
 
@@ -334,7 +405,8 @@ def rms_norm_forward(
     eps: float = 1e-6,
     *,
     zero_centered_gamma: bool = False,
-) -> tuple[np.ndarray, NormCache]:
+    memory_efficient: bool = False,
+) -> tuple[np.ndarray, NormCache | OutputCache]:
     """RMS norm over the last axis of ``x``: y = scale * x / sqrt(mean(x**2) + eps).
 
     Args:
@@ -342,18 +414,19 @@ def rms_norm_forward(
         gamma: (D,) scale, or None for no scale. The cache keeps a copy of the scale.
         eps: finite positive number added to mean(x**2).
         zero_centered_gamma: scale by 1 + gamma (formed in the compute dtype) instead of gamma.
+        memory_efficient: as for :func:`layer_norm_forward`.
 
     Returns:
         y: same shape and dtype as x. float16/bfloat16 inputs are computed in float32.
-        cache: a :class:`NormCache` for :func:`rms_norm_backward`.
+        cache: a :class:`NormCache` (an :class:`OutputCache` when memory-efficient) for
+            :func:`rms_norm_backward`.
     """
     x = check_x(x)
-    y, cache = _forward(x, gamma, None, eps, False, zero_centered_gamma)
-    return y.astype(x.dtype, copy=False).reshape(x.shape), cache
+    return _forward(x, gamma, None, eps, False, zero_centered_gamma, memory_efficient)
 
 
 def rms_norm_backward(dy: np.ndarray, cache: NormCache) -> tuple[np.ndarray, np.ndarray | None]:
-    """Gradients of RMS norm given dL/dy and the forward's cache.
+    """Gradients of RMS norm given dL/dy and the forward's cache (either kind).
 
     Args:
         dy: gradient of the loss w.r.t. y, same shape as the forward's x; never modified.
@@ -363,14 +436,14 @@ def rms_norm_backward(dy: np.ndarray, cache: NormCache) -> tuple[np.ndarray, np.
         dx: same shape and dtype as x.
         dgamma: (D,) in gamma's dtype, or None when the forward had no gamma.
     """
-    dy = _check_cache(dy, cache, NormCache, False, "rms_norm_forward")
+    dy = _check_cache(dy, cache, _NORM_CACHES, False, "rms_norm_forward")
     dx, dgamma, _ = _backward(dy, cache, cache.x_dtype)
     return dx.reshape(cache.x_shape), dgamma
 
 
 def _add_forward(x: object, residual: object, gamma: object, beta: object, eps: object,
-                 residual_dtype: object, zero_centered_gamma: object, centred: bool
-                 ) -> tuple[np.ndarray, np.ndarray, AddNormCache]:
+                 residual_dtype: object, zero_centered_gamma: object, centred: bool,
+                 memory_efficient: object) -> tuple[np.ndarray, np.ndarray, AddNormCache]:
     """y, h and the cache of an add-norm (module docstring, item 7)."""
     x = check_x(x)
     residual = check_shape(residual, "residual", x.shape, "x")
@@ -378,9 +451,9 @@ def _add_forward(x: object, residual: object, gamma: object, beta: object, eps: 
     adt = widest_compute_dtype(x.dtype, residual.dtype, h_dtype)
     # one rounding to h's dtype (none when it is the add's compute dtype)
     h = np.add(x, residual, dtype=adt).astype(h_dtype, copy=False)  # (..., D)
-    y, norm = _forward(h, gamma, beta, eps, centred, zero_centered_gamma)
-    cache = AddNormCache(norm=norm, dx_dtype=x.dtype, dresidual_dtype=residual.dtype)
-    return y.astype(x.dtype, copy=False).reshape(x.shape), h, cache
+    y, norm = _forward(h, gamma, beta, eps, centred, zero_centered_gamma, memory_efficient,
+                       x.dtype)
+    return y, h, AddNormCache(norm=norm, dx_dtype=x.dtype, dresidual_dtype=residual.dtype)
 
 
 def _add_backward(dy: object, dh: object, cache: object, centred: bool, producer: str
@@ -412,6 +485,7 @@ def add_layer_norm_forward(
     *,
     residual_dtype: str | np.dtype | None = None,
     zero_centered_gamma: bool = False,
+    memory_efficient: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, AddNormCache]:
     """The residual add and the layer norm of its result: h = x + residual, y = layer_norm(h).
 
@@ -421,6 +495,8 @@ def add_layer_norm_forward(
         gamma, beta, eps, zero_centered_gamma: as for :func:`layer_norm_forward`.
         residual_dtype: h's dtype: None (x's dtype), a dtype name or a NumPy dtype, among
             float16, bfloat16, float32 and float64.
+        memory_efficient: keep y (returned read-only) and the statistics, not h: the
+            backward recovers xhat from y (:mod:`layernorm.recovery`).
 
     Returns:
         y: x's shape and dtype; equal to layer_norm_forward(h) rounded to x's dtype.
@@ -428,7 +504,8 @@ def add_layer_norm_forward(
             residual and residual_dtype: the next block's residual.
         cache: an :class:`AddNormCache` for :func:`add_layer_norm_backward`.
     """
-    return _add_forward(x, residual, gamma, beta, eps, residual_dtype, zero_centered_gamma, True)
+    return _add_forward(x, residual, gamma, beta, eps, residual_dtype, zero_centered_gamma, True,
+                        memory_efficient)
 
 
 def add_layer_norm_backward(
@@ -460,6 +537,7 @@ def add_rms_norm_forward(
     *,
     residual_dtype: str | np.dtype | None = None,
     zero_centered_gamma: bool = False,
+    memory_efficient: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, AddNormCache]:
     """The residual add and the RMS norm of its result: h = x + residual, y = rms_norm(h).
 
@@ -467,7 +545,7 @@ def add_rms_norm_forward(
     rms_norm_forward(h) rounded to x's dtype.
     """
     return _add_forward(x, residual, gamma, None, eps, residual_dtype, zero_centered_gamma,
-                        False)
+                        False, memory_efficient)
 
 
 def add_rms_norm_backward(
@@ -483,10 +561,12 @@ class _Norm:
     """What the stateful modules share: D, eps, gamma and the cache of the last forward.
 
     ``gamma`` starts at ones, or at zeros with ``zero_centered_gamma`` (float64, shape (D,));
-    both mean scale = 1.
+    both mean scale = 1. With ``memory_efficient`` the cache keeps y, not xhat, and the
+    forward's y is read-only.
     """
 
-    def __init__(self, D: int, eps: float, zero_centered_gamma: bool) -> None:
+    def __init__(self, D: int, eps: float, zero_centered_gamma: bool,
+                 memory_efficient: bool = False) -> None:
         if isinstance(D, bool) or not isinstance(D, (int, np.integer)):
             raise TypeError(f"D must be an integer, got {type(D).__name__}: {D!r}")
         if D < 1:
@@ -494,17 +574,19 @@ class _Norm:
         self.D = int(D)
         self.eps = check_eps(eps)
         self.zero_centered_gamma = check_flag(zero_centered_gamma, "zero_centered_gamma")
+        self.memory_efficient = check_flag(memory_efficient, "memory_efficient")
         self.gamma = np.zeros(self.D) if self.zero_centered_gamma else np.ones(self.D)
         self.dgamma: np.ndarray | None = None
-        self._cache: NormCache | None = None
+        self._cache: NormCache | OutputCache | None = None
 
-    def _last_cache(self) -> NormCache:
+    def _last_cache(self) -> NormCache | OutputCache:
         if self._cache is None:
             raise RuntimeError(f"{type(self).__name__}.backward called before forward")
         return self._cache
 
     def __repr__(self) -> str:
         zc = ", zero_centered_gamma=True" if self.zero_centered_gamma else ""
+        zc += ", memory_efficient=True" if self.memory_efficient else ""
         return f"{type(self).__name__}(D={self.D}, eps={self.eps}{zc})"
 
 
@@ -516,8 +598,9 @@ class LayerNorm(_Norm):
     ``dgamma`` and ``dbeta``.
     """
 
-    def __init__(self, D: int, eps: float = 1e-5, *, zero_centered_gamma: bool = False) -> None:
-        super().__init__(D, eps, zero_centered_gamma)
+    def __init__(self, D: int, eps: float = 1e-5, *, zero_centered_gamma: bool = False,
+                 memory_efficient: bool = False) -> None:
+        super().__init__(D, eps, zero_centered_gamma, memory_efficient)
         self.beta = np.zeros(self.D)
         self.dbeta: np.ndarray | None = None
 
@@ -526,7 +609,8 @@ class LayerNorm(_Norm):
         x = check_x(x)
         check_module_input(x, self.D, {"gamma": self.gamma, "beta": self.beta})
         y, self._cache = layer_norm_forward(x, self.gamma, self.beta, self.eps,
-                                            zero_centered_gamma=self.zero_centered_gamma)
+                                            zero_centered_gamma=self.zero_centered_gamma,
+                                            memory_efficient=self.memory_efficient)
         return y
 
     __call__ = forward
@@ -544,15 +628,17 @@ class RMSNorm(_Norm):
     ``forward`` keeps the cache; ``backward`` returns dx and stores ``dgamma``.
     """
 
-    def __init__(self, D: int, eps: float = 1e-6, *, zero_centered_gamma: bool = False) -> None:
-        super().__init__(D, eps, zero_centered_gamma)
+    def __init__(self, D: int, eps: float = 1e-6, *, zero_centered_gamma: bool = False,
+                 memory_efficient: bool = False) -> None:
+        super().__init__(D, eps, zero_centered_gamma, memory_efficient)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """y for x of shape (..., D); keeps the cache for :meth:`backward`."""
         x = check_x(x)
         check_module_input(x, self.D, {"gamma": self.gamma})
         y, self._cache = rms_norm_forward(x, self.gamma, self.eps,
-                                          zero_centered_gamma=self.zero_centered_gamma)
+                                          zero_centered_gamma=self.zero_centered_gamma,
+                                          memory_efficient=self.memory_efficient)
         return y
 
     __call__ = forward

@@ -1,0 +1,73 @@
+r"""The memory-efficient backward's rule: which channels' xhat can be recovered from y.
+
+In memory-efficient mode the forward keeps y (which the next layer keeps anyway) instead of x,
+and the backward recovers xhat_j = (y_j - shift_j) / scale_j, with scale the scale the kernel
+used (gamma, or 1 + gamma) and shift = beta (0 for RMSNorm or without beta). y has been
+rounded to its dtype Y (unit roundoff u = 2**-p, smallest normal number tiny): each y_j is off
+by at most u*|y_j| + u*tiny (half the subnormal spacing), so the recovered value is off by
+
+    |delta xhat_j| <= u * (|xhat_j| + (|shift_j| + tiny) / |scale_j|)     (plus the rounding
+                                                                            of - and /)
+
+The first term is y's own rounding carried back, the same relative error as y. The second is
+what recovery adds: it is unbounded as scale_j -> 0 (scale 0 loses xhat_j entirely, yet dx and
+dgamma still need it) and grows with |shift_j / scale_j| (the subtraction cancels). Channel j is
+**recovered** when
+
+    MARGIN * |scale_j| >= |shift_j| + tiny            (the added error is at most MARGIN * u)
+    |scale_j| * sqrt(D) + |shift_j| <= largest / 2    (y_j cannot overflow: |xhat_j| <= sqrt(D))
+
+and **kept** otherwise: the forward stores xhat_j for every row, (M, k) values for the k kept
+channels, and the backward reads them. The rule depends only on scale, shift, D and y's dtype,
+never on the data, so the forward and the backward agree on it. A NaN scale or shift is kept.
+With MARGIN = 4 the recovered xhat's error is at most u * (|xhat_j| + 4) + the rounding of the
+two operations, of the order of y's own rounding of the row's largest |xhat| (>= 1 in every row
+with var >> eps, about 3 for D = 1024 and 4 for D = 10**4). MARGIN was chosen by measurement
+(docs/numerics.md, "The memory-efficient backward"): with gamma = 1 + N(0, 0.25) and
+beta ~ N(0, 1) at D = 1024 it keeps about 5% of the channels, and the errors of dx and dgamma
+stay within 1.4x the default mode's in every dtype; MARGIN = 1 keeps a third of them for no
+measurable gain, MARGIN = 16 reaches 1.5x in float32 and 3.8x in float16. Weights at their
+initial values (gamma = 1, beta = 0) keep nothing.
+
+Every backend (the reference, the fused CPU kernels, the torch operator in C++, the Triton
+launcher) applies this rule; the tests compare their kept sets.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .dtypes import info
+
+__all__ = ["MARGIN", "kept_channels", "limits", "recovered"]
+
+MARGIN = 4.0
+"""The largest |shift_j| / |scale_j| (tiny included) for which xhat_j is recovered from y."""
+
+
+def limits(y_dtype: object) -> tuple[float, float]:
+    """(tiny, largest) of y's dtype: its smallest normal number and its largest finite one."""
+    d = info(y_dtype)
+    return math.ldexp(d.subnormal, d.significand_bits - 1), d.largest
+
+
+def recovered(scale: np.ndarray | None, shift: np.ndarray | None, y_dtype: object,
+              d: int) -> np.ndarray:
+    """(D,) bool: the channels whose xhat the backward recovers from y (module docstring).
+
+    ``scale`` and ``shift`` are the kernel's (D,) values (None: ones, zeros); ``y_dtype`` is
+    the dtype y is stored in (x's dtype).
+    """
+    tiny, largest = limits(y_dtype)
+    s = np.ones(d) if scale is None else np.abs(np.asarray(scale, dtype=np.float64))
+    b = np.zeros(d) if shift is None else np.abs(np.asarray(shift, dtype=np.float64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (MARGIN * s >= b + tiny) & (s * math.sqrt(d) + b <= largest / 2)
+
+
+def kept_channels(scale: np.ndarray | None, shift: np.ndarray | None, y_dtype: object,
+                  d: int) -> np.ndarray:
+    """(k,) int64, ascending: the channels whose xhat the forward keeps (not recovered)."""
+    return np.flatnonzero(~recovered(scale, shift, y_dtype, d)).astype(np.int64)
