@@ -302,11 +302,11 @@ def _backward(dy: np.ndarray, cache: NormCache | OutputCache, dtype: np.dtype
     """dx (M, D) in ``dtype``, dgamma and dbeta (in their dtypes, or None).
 
     dx = rstd * (g - [mean(g) if centred] - xhat * mean(g * xhat)), g = dy * scale, computed
-    in the compute dtype and rounded once to ``dtype``; xhat is the cache's, or recovered from
-    y (:meth:`OutputCache.xhat`).
+    in the compute dtype and rounded once to ``dtype``.
     """
-    xhat = cache.xhat() if isinstance(cache, OutputCache) else cache.xhat  # (M, D)
-    rstd, scale = cache.rstd, cache.scale  # (M,), (D,) | None
+    if isinstance(cache, OutputCache):
+        return _backward_from_y(dy, cache, dtype)
+    xhat, rstd, scale = cache.xhat, cache.rstd, cache.scale  # (M, D), (M,), (D,) | None
     cdt = xhat.dtype
     d = xhat.shape[1]
     dy2 = dy.reshape(-1, d).astype(cdt, order="C", copy=False)  # (M, D) rows contiguous
@@ -331,6 +331,53 @@ def _backward(dy: np.ndarray, cache: NormCache | OutputCache, dtype: np.dtype
     if cache.centred:
         g -= g.mean(axis=1, keepdims=True)  # (M, D)
     g -= np.multiply(xhat, mean_gxhat, out=gxhat)
+    g *= rstd[:, None]
+    return g.astype(dtype, copy=False), dgamma, dbeta
+
+
+def _backward_from_y(dy: np.ndarray, cache: OutputCache, dtype: np.dtype
+                     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """:func:`_backward` from y (docs/derivation.md, "The backward from y").
+
+    With t = y - shift, t = scale * xhat on the recovered channels, so g * xhat = dy * t and
+    dgamma = sum(dy * t) / scale need no division per element; only xhat = t / scale in dx
+    does. t and the products dy * t are formed in float64, where they are exact for 16- and
+    32-bit data, so that the one rounding recovery adds (y's) is the only one: dgamma and
+    mean(g * xhat) are then as accurate as the default mode's. The kept channels use their
+    stored xhat.
+    """
+    rstd, scale, keep = cache.rstd, cache.scale, cache.keep  # (M,), (D,) | None, (k,)
+    cdt = rstd.dtype
+    d = cache.x_shape[-1]
+    dy2 = dy.reshape(-1, d).astype(cdt, order="C", copy=False)  # (M, D)
+    t = cache.y.reshape(-1, d).astype(np.float64)  # (M, D) a new array
+    if cache.shift is not None:
+        t -= cache.shift  # exact for 16- and 32-bit y and shift
+    xk = cache.xhat_kept  # (M, k)
+    gxhat = dy2 * t  # (M, D) float64: g * xhat on the recovered channels
+    gk = dy2[:, keep] * xk.astype(np.float64)  # (M, k) dy * xhat on the kept ones
+    dbeta = None
+    if cache.beta_dtype is not None:
+        dbeta = dy2.sum(axis=0, dtype=np.float64).astype(cache.beta_dtype)  # (D,)
+    dgamma = None
+    if scale is None:
+        g = dy2.copy()  # (M, D) working buffer for dx
+        gxhat[:, keep] = gk
+    else:
+        s64 = scale.astype(np.float64)  # (D,)
+        with np.errstate(divide="ignore", invalid="ignore"):  # kept channels: replaced
+            dg = gxhat.sum(axis=0) / s64  # (D,)
+            t /= s64  # (M, D) xhat on the recovered channels
+        dg[keep] = gk.sum(axis=0)
+        dgamma = dg.astype(cache.gamma_dtype)
+        g = dy2 * scale  # (M, D)
+        gxhat[:, keep] = gk * s64[keep]
+    xhat = t.astype(cdt)  # (M, D) rounded once
+    xhat[:, keep] = xk
+    mean_gxhat = gxhat.mean(axis=1, keepdims=True).astype(cdt)  # (M, 1)
+    if cache.centred:
+        g -= g.mean(axis=1, keepdims=True)  # (M, D)
+    g -= np.multiply(xhat, mean_gxhat, out=xhat)
     g *= rstd[:, None]
     return g.astype(dtype, copy=False), dgamma, dbeta
 
