@@ -266,3 +266,24 @@ def test_modules_take_the_mode():
             cls(24, memory_efficient="yes")
     with pytest.raises(TypeError, match="memory_efficient must be True or False"):
         ref.layer_norm_forward(x, memory_efficient=1)
+
+
+def test_rows_of_small_variance_are_kept_whole_under_a_shift():
+    """Protects the rows' rule: rows with var < eps (nearly constant: x + residual rounded
+    apart) keep their whole xhat when beta is non-zero, so dgamma summed over such rows alone
+    keeps its relative accuracy (recovered through beta it would be off by ~MARGIN*u of
+    sum|dy|, relatively 1e-5 here); with beta = 0 nothing is kept and recovery is exact."""
+    d = 64
+    v = np.repeat(RNG.uniform(-100, 100, (6, 1)), d, axis=1)  # constant rows
+    residual = (v * RNG.uniform(0.2, 0.8, v.shape)).astype(np.float32)
+    x = (v - residual).astype(np.float32)  # h = x + residual: 1-ulp noise around v
+    gamma = (1 + 0.2 * RNG.standard_normal(d)).astype(np.float32)
+    dy = RNG.standard_normal(v.shape).astype(np.float32)
+    for beta, rows in ((RNG.standard_normal(d).astype(np.float32), 6),
+                       (np.zeros(d, np.float32), 0)):
+        _, h, cache = ref.add_layer_norm_forward(x, residual, gamma, beta,
+                                                 memory_efficient=True)
+        assert cache.norm.rows.size == rows and cache.norm.xhat_rows.shape == (rows, d)
+        ex = exact_norm(h, gamma, beta, 1e-5, dy)
+        _, _, dgamma, _ = ref.add_layer_norm_backward(dy, None, cache)
+        assert relative_error(dgamma, ex.dgamma) < 4 * unit_roundoff(np.float32)

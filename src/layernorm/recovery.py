@@ -29,6 +29,17 @@ stay within 1.4x the default mode's in every dtype; MARGIN = 1 keeps a third of 
 measurable gain, MARGIN = 16 reaches 1.5x in float32 and 3.8x in float16. Weights at their
 initial values (gamma = 1, beta = 0) keep nothing.
 
+**Rows.** The second term is an absolute error of at most MARGIN * u, small against a row's
+largest |xhat| only when that is near 1 or more. A row's mean square of xhat is
+var / (var + eps), so a row whose variance is below eps (a constant row, a padding row of
+zeros) has all its |xhat| small, and recovery through a non-zero shift would lose their
+relative accuracy: dgamma, summed over a batch of such rows alone, would be off by MARGIN * u
+of sum|dy| where it is near 0. Such rows are **kept whole**: the forward keeps the row
+(r rows, O(r * D) values) and the backward runs the default mode's formula on it. The test is
+rstd**2 * eps > 1/2 (var < eps), and it applies only where the shift is non-zero on a
+recovered channel: without a shift t = y exactly and recovery keeps y's relative accuracy on
+every row.
+
 Every backend (the reference, the fused CPU kernels, the torch operator in C++, the Triton
 launcher) applies this rule; the tests compare their kept sets.
 """
@@ -41,7 +52,7 @@ import numpy as np
 
 from .dtypes import info
 
-__all__ = ["MARGIN", "kept_channels", "limits", "recovered"]
+__all__ = ["MARGIN", "kept_channels", "kept_rows", "limits", "recovered"]
 
 MARGIN = 4.0
 """The largest |shift_j| / |scale_j| (tiny included) for which xhat_j is recovered from y."""
@@ -71,3 +82,18 @@ def kept_channels(scale: np.ndarray | None, shift: np.ndarray | None, y_dtype: o
                   d: int) -> np.ndarray:
     """(k,) int64, ascending: the channels whose xhat the forward keeps (not recovered)."""
     return np.flatnonzero(~recovered(scale, shift, y_dtype, d)).astype(np.int64)
+
+
+def kept_rows(rstd: np.ndarray, eps: float, shift: np.ndarray | None,
+              keep: np.ndarray) -> np.ndarray:
+    """(r,) int64, ascending: the rows kept whole (module docstring, "Rows"): rows with
+    rstd**2 * eps > 1/2 (var < eps), where ``shift`` is non-zero on a channel not in ``keep``
+    (the kept channels); none otherwise. ``rstd`` (M,) as the forward computed it."""
+    if shift is None:
+        return np.empty(0, np.int64)
+    live = np.asarray(shift, dtype=np.float64).copy()
+    live[keep] = 0.0
+    if not np.any(live):
+        return np.empty(0, np.int64)
+    r = np.asarray(rstd, dtype=np.float64)
+    return np.flatnonzero(r * r * eps > 0.5).astype(np.int64)

@@ -85,7 +85,7 @@ from ._validate import (
     check_x,
 )
 from .dtypes import compute_dtype, widest_compute_dtype
-from .recovery import kept_channels
+from .recovery import kept_channels, kept_rows
 
 __all__ = [
     "AddNormCache",
@@ -153,6 +153,8 @@ class OutputCache:
         shift: (D,) beta in the compute dtype (a copy), or None (RMSNorm, or no beta).
         keep: (k,) int64, the channels whose xhat cannot be recovered from y.
         xhat_kept: (M, k) xhat of those channels, in the compute dtype.
+        rows: (r,) int64, the rows kept whole (var < eps under a non-zero shift).
+        xhat_rows: (r, D) xhat of those rows, in the compute dtype.
         gamma_dtype, beta_dtype, x_shape, x_dtype: as in :class:`NormCache`.
     """
 
@@ -163,6 +165,8 @@ class OutputCache:
     shift: np.ndarray | None
     keep: np.ndarray
     xhat_kept: np.ndarray
+    rows: np.ndarray
+    xhat_rows: np.ndarray
     gamma_dtype: np.dtype | None
     beta_dtype: np.dtype | None
     x_shape: tuple[int, ...]
@@ -170,10 +174,11 @@ class OutputCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds of its own: rstd, the kept channels and the parameter copies
-        (y is the caller's output)."""
-        params = sum(0 if a is None else a.nbytes for a in (self.scale, self.shift))
-        return self.rstd.nbytes + self.keep.nbytes + self.xhat_kept.nbytes + params
+        """Bytes the cache holds of its own: rstd, the kept channels and rows and the parameter
+        copies (y is the caller's output)."""
+        own = (self.rstd, self.keep, self.xhat_kept, self.rows, self.xhat_rows, self.scale,
+               self.shift)
+        return sum(0 if a is None else a.nbytes for a in own)
 
     def xhat(self) -> np.ndarray:
         """(M, D) xhat in the compute dtype: recovered from y, the kept channels as stored."""
@@ -186,6 +191,7 @@ class OutputCache:
             with np.errstate(divide="ignore", invalid="ignore"):  # kept channels: replaced
                 xhat /= self.scale
         xhat[:, self.keep] = self.xhat_kept
+        xhat[self.rows] = self.xhat_rows
         return xhat
 
 
@@ -292,9 +298,10 @@ def _forward(x: np.ndarray, gamma: object, beta: object, eps: object, centred: b
                                              **params)
     y.flags.writeable = False  # the backward reads it: a change would go unnoticed
     keep = kept_channels(scale, shift, y_dtype, d)  # (k,)
+    rows = kept_rows(rstd, eps, shift, keep)  # (r,)
     y = y.reshape(x.shape)
     return y, OutputCache(centred=centred, y=y, rstd=rstd, scale=scale, shift=shift, keep=keep,
-                          xhat_kept=xhat[:, keep], **params)
+                          xhat_kept=xhat[:, keep], rows=rows, xhat_rows=xhat[rows], **params)
 
 
 def _backward(dy: np.ndarray, cache: NormCache | OutputCache, dtype: np.dtype
@@ -354,6 +361,10 @@ def _backward_from_y(dy: np.ndarray, cache: OutputCache, dtype: np.dtype
     if cache.shift is not None:
         t -= cache.shift  # exact for 16- and 32-bit y and shift
     xk = cache.xhat_kept  # (M, k)
+    rows = cache.rows  # (r,)
+    t[rows] = cache.xhat_rows  # (r, D) to float64: scale * xhat on the rows kept whole
+    if scale is not None:
+        t[rows] *= scale
     gxhat = dy2 * t  # (M, D) float64: g * xhat on the recovered channels
     gk = dy2[:, keep] * xk.astype(np.float64)  # (M, k) dy * xhat on the kept ones
     dbeta = None
@@ -374,6 +385,7 @@ def _backward_from_y(dy: np.ndarray, cache: OutputCache, dtype: np.dtype
         gxhat[:, keep] = gk * s64[keep]
     xhat = t.astype(cdt)  # (M, D) rounded once
     xhat[:, keep] = xk
+    xhat[rows] = cache.xhat_rows
     mean_gxhat = gxhat.mean(axis=1, keepdims=True).astype(cdt)  # (M, 1)
     if cache.centred:
         g -= g.mean(axis=1, keepdims=True)  # (M, D)
