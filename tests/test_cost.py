@@ -101,6 +101,178 @@ def test_cache_nbytes_equals_model(name, dtype, gamma):
     assert cache.nbytes == model.cache_bytes
 
 
+def _memory_efficient_call(name, shape, dt, weights):
+    """A memory-efficient reference call's arguments, its cotangents and the number of
+    channels the rule keeps. ``weights``: "none" (no gamma, no beta: nothing kept),
+    "ordinary" (gamma = 1 + N(0, 0.1^2), beta = N(0, 0.1^2): nothing kept) or "zeros" (random
+    gamma and beta, every other gamma 0: those kept, and some channels where |beta| > 4|gamma|
+    too)."""
+    args, cot = _call(name, shape, dt, weights != "none")
+    nm = NORMS[name]
+    n_in = len(nm.forward_inputs)
+    d = shape[-1]
+    if weights == "ordinary":
+        args[n_in:] = [(np.ones(d) if i == 0 else 0) + 0.1 * RNG.standard_normal(d)
+                       for i in range(len(nm.params))]
+        args[n_in:] = [a.astype(dt) for a in args[n_in:]]
+    elif weights == "zeros":
+        args[n_in][::2] = 0
+    return args, cot
+
+
+def _me_forward(name):
+    fwd = _functions(name)[0]
+    return lambda *args: fwd(*args, memory_efficient=True)
+
+
+def _kept(cache):
+    """The number of channels a memory-efficient cache keeps (the norm's, for an add-norm)."""
+    return len(getattr(cache, "norm", cache).keep)
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("weights", ["none", "ordinary", "zeros"])
+def test_memory_efficient_cache_nbytes_equals_model(name, dtype, weights):
+    """Protects the memory-efficient cache model of every norm: the OutputCache's nbytes is
+    rstd (M), the copies of the scale (D, with gamma) and of the shift (D, with beta:
+    LayerNorm's), the kept channels' int64 indices and their xhat (M·k) in the compute dtype,
+    exactly, with no channel kept and with some; y is not counted; an add-norm's cache holds
+    nothing more. And the default cache's size beside it, for the saving."""
+    dt = _dtype(dtype)
+    args, _ = _memory_efficient_call(name, (3, 7, 34), dt, weights)
+    *_, cache = _me_forward(name)(*args)
+    k = _kept(cache)
+    assert (k > 0) == (weights == "zeros")
+    affine = weights != "none"
+    params = dict(norm=name, gamma=affine, beta=affine and NORMS[name].centred)
+    model = cost.cost("fwd", 21, 34, np.dtype(dt).itemsize, **params, memory_efficient=True,
+                      kept=k)
+    assert cache.nbytes == model.cache_bytes
+    assert cache.nbytes == cost.cache_bytes(21, 34, np.dtype(dt).itemsize, **params,
+                                            memory_efficient=True, kept=k)
+    *_, default = _functions(name)[0](*args)
+    assert default.nbytes == model.default_cache_bytes
+    assert model.cache_saved_bytes == default.nbytes - cache.nbytes
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("weights", ["none", "zeros"])
+@pytest.mark.parametrize("shape", [(512, 256), (64, 4096)])
+def test_memory_efficient_peak_memory_matches_model(name, dtype, weights, shape):
+    """Protects the memory model of the memory-efficient mode of every norm, as
+    test_reference_peak_memory_matches_model does the default's: measured peaks of forward
+    (which still forms the whole xhat, then gathers the kept channels) and backward (t = y -
+    beta and dy·t in float64, g and the rounded xhat, the kept channels' products) within
+    PEAK_SLACK of the model, and the temporaries (peak less what is returned: y, h and the
+    OutputCache forward) too; with half the channels kept, whose (M, k) arrays the model must
+    count to stay within the slack."""
+    dt = _dtype(dtype)
+    m, d = shape
+    item = np.dtype(dt).itemsize
+    args, cot = _memory_efficient_call(name, shape, dt, weights)
+    affine = weights != "none"
+    beta = affine and NORMS[name].centred
+
+    peak_f, (*outs, cache) = _peak(_me_forward(name), *args)
+    k = _kept(cache)
+    assert (k >= d // 2) == affine
+    model_f = cost.cost("fwd", m, d, item, norm=name, gamma=affine, beta=beta,
+                        memory_efficient=True, kept=k)
+    assert abs(peak_f - model_f.reference_peak_bytes) <= PEAK_SLACK * model_f.reference_peak_bytes
+    returned = sum(o.nbytes for o in outs) + cache.nbytes
+    assert abs((peak_f - returned) - model_f.reference_temporary_bytes) \
+        <= PEAK_SLACK * model_f.reference_peak_bytes
+
+    peak_b, grads = _peak(_functions(name)[1], *cot, cache)
+    model_b = cost.cost("bwd", m, d, item, norm=name, gamma=affine, beta=beta,
+                        memory_efficient=True, kept=k)
+    assert abs(peak_b - model_b.reference_peak_bytes) <= PEAK_SLACK * model_b.reference_peak_bytes
+    n_out = len(NORMS[name].backward_outputs)
+    returned = sum(g.nbytes for g in grads[:n_out])
+    assert abs((peak_b - returned) - model_b.reference_temporary_bytes) \
+        <= PEAK_SLACK * model_b.reference_peak_bytes
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_memory_efficient_minimal_bytes_are_the_arrays_a_call_reads_and_writes(name, pass_):
+    """Protects the minimal bytes of the memory-efficient mode against the API: the backward
+    reads y (the cache's) where the default reads x (h), and the forward writes, the backward
+    reads, the kept channels' xhat (M·k, compute dtype); with extras, rstd alone (no mean) and
+    the kept channels' int64 indices besides the parameters (beta, the shift, read backward)."""
+    nm = NORMS[name]
+    m, d = 6, 40
+    args, cot = _memory_efficient_call(name, (m, d), np.float32, "zeros")
+    fwd, bwd = _me_forward(name), _functions(name)[1]
+    *outs, cache = fwd(*args)
+    norm_cache = getattr(cache, "norm", cache)
+    k = _kept(cache)
+    grads = bwd(*cot, cache)
+    n_in = len(nm.forward_inputs)
+    if pass_ == "fwd":
+        arrays = [*args[:n_in], *outs, norm_cache.xhat_kept]  # x, [residual]; y, [h]; kept
+        params = sum(p.nbytes for p in args[n_in:])
+    else:
+        # y, dy, [dh]; dx, [dresidual]; the kept xhat
+        arrays = [norm_cache.y, *cot, *grads[:len(nm.backward_outputs)], norm_cache.xhat_kept]
+        params = sum(p.nbytes for p in args[n_in:]) + sum(g.nbytes for g in grads[-len(
+            nm.params):])
+    mode = dict(norm=name, memory_efficient=True, kept=k)
+    assert cost.minimal_bytes(pass_, m, d, 4, **mode) == sum(a.nbytes for a in arrays)
+    assert cost.minimal_bytes(pass_, m, d, 4, extras=True, **mode) == \
+        sum(a.nbytes for a in arrays) + params + norm_cache.rstd.nbytes + norm_cache.keep.nbytes
+    assert cost.minimal_bytes(pass_, m, d, 4, norm=name, memory_efficient=True) == \
+        cost.minimal_bytes(pass_, m, d, 4, norm=name)  # y is x's size
+
+
+def test_memory_efficient_flops_and_reference_passes():
+    """Protects the FLOPs and the pass lists of the memory-efficient backward, counted by
+    hand from layernorm.reference: t = y - beta adds one operation per element with beta, and
+    xhat = t / scale takes the place of (dy·xhat)·scale with gamma (LayerNorm 12, RMSNorm 8);
+    the forward is the default's. In float32, with gamma and beta, LayerNorm's backward drops
+    dy·xhat, its column and row sums and (dy·xhat)·scale (28 bytes per element) and adds t = y
+    in float64 and t - beta, dy·t, its sums, t / scale, xhat rounded from t (92): 36 float32
+    arrays; per kept channel and row, 88 bytes more (dy there, xhat in float64, their product,
+    its sum, times the scale, written back; the kept xhat written into the recovered one)."""
+    for name, per_element in {"layer_norm": 12, "rms_norm": 8, "add_layer_norm": 13,
+                              "add_rms_norm": 9}.items():
+        for pass_ in ("fwd", "bwd"):
+            me = cost.flops(pass_, 100, 64, norm=name, memory_efficient=True)
+            default = cost.flops(pass_, 100, 64, norm=name)
+            assert me == default + (100 * 64 if pass_ == "bwd" and NORMS[name].centred else 0)
+        assert cost.flops("bwd", 100, 64, norm=name, memory_efficient=True) // (100 * 64) \
+            == per_element
+    # without gamma nothing is divided and g = dy: only t = y - beta remains
+    assert cost.flops("bwd", 1, 64, norm="rms_norm", gamma=False, memory_efficient=True) == \
+        cost.flops("bwd", 1, 64, norm="rms_norm", gamma=False)
+
+    m, d, k = 64, 1024, 100
+    me = cost.cost("bwd", m, d, 4, memory_efficient=True)
+    assert me.reference_bytes == 36 * 4 * m * d
+    kept = cost.cost("bwd", m, d, 4, memory_efficient=True, kept=k)
+    assert kept.reference_bytes - me.reference_bytes == 88 * m * k
+    fwd = cost.cost("fwd", m, d, 4, memory_efficient=True, kept=k)
+    assert fwd.reference_bytes == cost.cost("fwd", m, d, 4).reference_bytes + 8 * m * k
+
+
+def test_memory_efficient_saving():
+    """Protects the derived figures: the saving is the default cache less the memory-efficient
+    one, (M·D - M·k)·c - (D·c for LayerNorm's shift) - 8·k; nothing in the default mode; and
+    the backward's peak grows by what the recovery holds (t and dy·t in float64)."""
+    c = cost.cost("fwd", 4096, 4096, 4, memory_efficient=True)
+    assert c.cache_bytes == (4096 + 2 * 4096) * 4
+    assert c.cache_saved_bytes == 4096 * 4096 * 4 - 4096 * 4
+    assert c.cache_saved_fraction == pytest.approx(1 - 3 / 4097)
+    rms = cost.cost("fwd", 4096, 4096, 2, norm="rms_norm", memory_efficient=True, kept=10)
+    assert rms.cache_bytes == (4096 + 4096 + 4096 * 10) * 4 + 8 * 10
+    assert cost.cost("fwd", 4096, 4096, 4).cache_saved_bytes == 0
+    assert cost.cost("fwd", 0, 8, 4, gamma=False).cache_saved_fraction == 0.0
+    default, me = (cost.cost("bwd", 4096, 4096, 4, memory_efficient=e) for e in (False, True))
+    assert me.reference_peak_bytes - default.reference_peak_bytes == 16 * 4096 * 4096
+
+
 @pytest.mark.parametrize("name", list(NORMS))
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
 def test_minimal_bytes_are_the_arrays_a_call_reads_and_writes(name, pass_):
@@ -207,6 +379,26 @@ def test_bad_arguments():
         cost.cost("fwd", 1, 1, 3)
     with pytest.raises(ValueError, match="D must be >= 1, got 0"):
         cost.cost("fwd", 1, 0, 4)
+
+
+def test_bad_memory_efficient_arguments():
+    """Protects clear errors for the mode's arguments, each naming it: kept an integer in
+    [0, D] (it counts channels), only with memory_efficient=True (the default mode keeps xhat
+    whole: a nonzero kept there is a mistake, not ignored); memory_efficient a bool."""
+    with pytest.raises(TypeError, match="kept must be an integer"):
+        cost.cost("fwd", 8, 16, 4, memory_efficient=True, kept=2.0)
+    with pytest.raises(ValueError, match="kept must be >= 0, got -1"):
+        cost.cost("fwd", 8, 16, 4, memory_efficient=True, kept=-1)
+    with pytest.raises(ValueError, match="kept must be <= D = 16"):
+        cost.cost("bwd", 8, 16, 4, memory_efficient=True, kept=17)
+    with pytest.raises(ValueError, match="kept .* needs memory_efficient=True"):
+        cost.cost("fwd", 8, 16, 4, kept=3)
+    with pytest.raises(ValueError, match="kept .* needs memory_efficient=True"):
+        cost.minimal_bytes("bwd", 8, 16, 4, kept=3)
+    with pytest.raises(TypeError, match="memory_efficient must be a bool"):
+        cost.cost("fwd", 8, 16, 4, memory_efficient="yes")
+    assert cost.cost("fwd", 8, 16, 4, memory_efficient=np.True_, kept=np.int64(16)).kept == 16
+    assert cost.cost("fwd", 8, 16, 4, kept=0) == cost.cost("fwd", 8, 16, 4)
 
 
 def test_cost_command_prints_the_model(capsys):

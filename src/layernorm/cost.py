@@ -31,11 +31,23 @@ pass over (M, D) arrays, listed in ``REFERENCE_PASSES`` with the arrays it reads
 and in which dtype. A fused kernel moves the minimal bytes when a row stays in cache
 between its passes.
 
+The memory-efficient mode (``memory_efficient=True``, keeping the xhat of ``kept`` = k
+channels, :func:`layernorm.recovery.kept_channels`) changes what crosses from forward to
+backward: the backward reads y where the default reads x (h), as many bytes in the model's
+one dtype (y is in x's dtype, h in residual_dtype), and the forward writes, the backward
+reads, the kept channels' xhat, M·k·c bytes more each way; the statistics are rstd alone, and
+the k int64 indices are extras too. The reference's backward recovers xhat from y:
+``REFERENCE_PASSES`` has its passes, in float64 where it forms t = y - beta and dy·t, and
+``REFERENCE_KEPT_PASSES`` those over the (M, k) kept channels.
+
 Memory. The reference's cache holds xhat (M·D), rstd (M) and a copy of the scale (D) in the
 compute dtype, for every norm: an add-norm's cache is the norm's cache of h and nothing more.
+The memory-efficient cache holds rstd (M), the copies of the scale (D) and of the shift (D,
+LayerNorm's beta), the k indices (8·k bytes) and the kept xhat (M·k): :func:`cache_bytes`.
 Peak memory of a call is the most it has allocated at once, its results included, as
 counted in ``_reference_peak``; the temporaries are that peak less what the call returns.
-``tests/test_cost.py`` checks both and the cache size against ``tracemalloc``, for every norm.
+``tests/test_cost.py`` checks both and the cache size against ``tracemalloc``, for every norm
+and both modes.
 
 Roofline: time >= max(bytes / bandwidth, flops / peak_flops). At about one FLOP per byte,
 far below any CPU's or GPU's FLOP-to-byte balance (tens), every norm of the family is
@@ -53,8 +65,10 @@ from .family import Norm
 
 __all__ = [
     "FLOPS",
+    "REFERENCE_KEPT_PASSES",
     "REFERENCE_PASSES",
     "Cost",
+    "cache_bytes",
     "cost",
     "flops",
     "minimal_bytes",
@@ -63,7 +77,8 @@ __all__ = [
 
 # A step is taken when every condition in its set holds for the call. The conditions:
 # centred / uncentred (LayerNorm / RMSNorm), residual (an add-norm) / plain, gamma / no gamma,
-# beta / no beta, half (float16, bfloat16: computed in float32) / full.
+# beta / no beta, half (float16, bfloat16: computed in float32) / full, memory-efficient /
+# default (the mode of the forward whose cache the backward reads).
 
 # Operations of each step, by the formulas in layernorm.reference:
 # (what, per element, per row, when).
@@ -82,11 +97,13 @@ FLOPS: dict[str, list[tuple[str, int, int, frozenset[str]]]] = {
         ("y += beta", 1, 0, frozenset({"beta"})),
     ],
     "bwd": [
+        ("t = y - beta (recovery)", 1, 0, frozenset({"memory-efficient", "beta"})),
         ("dbeta: add over rows", 1, 0, frozenset({"beta"})),
-        ("dy * xhat", 1, 0, frozenset()),
+        ("dy * xhat (dy * t, which is g * xhat, recovering)", 1, 0, frozenset()),
         ("dgamma: add over rows", 1, 0, frozenset({"gamma"})),
         ("g = dy * gamma", 1, 0, frozenset({"gamma"})),
-        ("g * xhat = (dy * xhat) * gamma", 1, 0, frozenset({"gamma"})),
+        ("g * xhat = (dy * xhat) * gamma", 1, 0, frozenset({"default", "gamma"})),
+        ("xhat = t / gamma (recovery)", 1, 0, frozenset({"memory-efficient", "gamma"})),
         ("mean(g): sum, / D", 1, 1, frozenset({"centred"})),
         ("mean(g * xhat): sum, / D", 1, 1, frozenset()),
         ("g - mean(g)", 1, 0, frozenset({"centred"})),
@@ -99,7 +116,8 @@ FLOPS: dict[str, list[tuple[str, int, int, frozenset[str]]]] = {
 
 # The NumPy reference, one entry per pass over (M, D) arrays:
 # (what, arrays read, arrays written, when). Each array is a letter: "c" in the compute
-# dtype, "s" in the input's dtype (the same for float32 and float64 inputs).
+# dtype, "s" in the input's dtype (the same for float32 and float64 inputs), "d" in float64
+# (the memory-efficient backward's t = y - beta and dy * t, exact there for 16- and 32-bit y).
 REFERENCE_PASSES: dict[str, list[tuple[str, str, str, frozenset[str]]]] = {
     "fwd": [
         ("h = x + residual, in the compute dtype", "ss", "c", frozenset({"residual"})),
@@ -119,14 +137,24 @@ REFERENCE_PASSES: dict[str, list[tuple[str, str, str, frozenset[str]]]] = {
     ],
     "bwd": [
         ("dy to the compute dtype", "s", "c", frozenset({"half"})),
+        ("t = y in float64", "s", "d", frozenset({"memory-efficient"})),
+        ("t -= shift", "d", "d", frozenset({"memory-efficient", "beta"})),
         ("dbeta = sum of dy over rows", "c", "", frozenset({"beta"})),
-        ("dy * xhat", "cc", "c", frozenset()),
-        ("dgamma = sum of dy * xhat over rows", "c", "", frozenset({"gamma"})),
+        ("dy * xhat", "cc", "c", frozenset({"default"})),
+        ("dy * t in float64 (g * xhat where recovered)", "cd", "d",
+         frozenset({"memory-efficient"})),
+        ("dgamma = sum of dy * xhat over rows", "c", "", frozenset({"default", "gamma"})),
+        ("dgamma = sum of dy * t over rows, / scale", "d", "",
+         frozenset({"memory-efficient", "gamma"})),
+        ("t /= scale (xhat where recovered, in place)", "d", "d",
+         frozenset({"memory-efficient", "gamma"})),
         ("g = dy * scale", "c", "c", frozenset({"gamma"})),
         ("g = copy of dy", "c", "c", frozenset({"no gamma"})),
-        ("g * xhat = (dy * xhat) * scale, in place", "c", "c", frozenset({"gamma"})),
+        ("g * xhat = (dy * xhat) * scale, in place", "c", "c", frozenset({"default", "gamma"})),
+        ("xhat = t rounded to the compute dtype", "d", "c", frozenset({"memory-efficient"})),
         ("mean(g)", "c", "", frozenset({"centred"})),
-        ("mean(g * xhat)", "c", "", frozenset()),
+        ("mean(g * xhat)", "c", "", frozenset({"default"})),
+        ("mean(g * xhat), from dy * t", "d", "", frozenset({"memory-efficient"})),
         ("g -= mean(g)", "c", "c", frozenset({"centred"})),
         ("xhat * mean(g * xhat)", "c", "c", frozenset()),
         ("g -= that", "cc", "c", frozenset()),
@@ -135,6 +163,25 @@ REFERENCE_PASSES: dict[str, list[tuple[str, str, str, frozenset[str]]]] = {
         ("total = the norm's dx + dh, in place", "cs", "c", frozenset({"residual"})),
         ("dx = the total in x's dtype (a copy)", "c", "s", frozenset({"residual"})),
         ("dresidual = the total in residual's dtype", "c", "s", frozenset({"residual", "half"})),
+    ],
+}
+
+# The memory-efficient mode's passes over (M, k) arrays, k the kept channels, as in
+# REFERENCE_PASSES (every entry is memory-efficient): the forward gathers xhat's kept
+# columns; the backward forms dy * xhat there in float64 and writes it into dy * t, and
+# writes the kept xhat into the recovered one.
+REFERENCE_KEPT_PASSES: dict[str, list[tuple[str, str, str, frozenset[str]]]] = {
+    "fwd": [
+        ("gather xhat's kept channels", "c", "c", frozenset()),
+    ],
+    "bwd": [
+        ("gather dy's kept channels", "c", "c", frozenset()),
+        ("kept xhat in float64", "c", "d", frozenset()),
+        ("dy * xhat there", "cd", "d", frozenset()),
+        ("dgamma there = sum over rows", "d", "", frozenset({"gamma"})),
+        ("times the scale (g * xhat)", "d", "d", frozenset({"gamma"})),
+        ("written into dy * t", "d", "d", frozenset()),
+        ("kept xhat written into the recovered xhat", "c", "c", frozenset()),
     ],
 }
 
@@ -164,7 +211,29 @@ def _sizes(M: object, D: object, itemsize: object | None = None) -> tuple[int, .
     return (*sizes, int(itemsize))
 
 
-def _facts(nm: Norm, gamma: bool, beta: bool, half: bool) -> frozenset[str]:
+def _mode(memory_efficient: object, kept: object, D: int) -> tuple[bool, int]:
+    """``memory_efficient`` as a bool and ``kept`` as a Python int in [0, D].
+
+    kept counts the channels whose xhat the memory-efficient forward keeps
+    (:func:`layernorm.recovery.kept_channels`); the default mode keeps xhat whole, so a
+    nonzero kept without ``memory_efficient`` is a mistake, not something to ignore.
+    """
+    if not (isinstance(memory_efficient, bool) or (type(memory_efficient).__module__ == "numpy"
+                                                   and type(memory_efficient).__name__
+                                                   in ("bool", "bool_"))):
+        raise TypeError(f"memory_efficient must be a bool, got "
+                        f"{type(memory_efficient).__name__}: {memory_efficient!r}")
+    k = _integer(kept, "kept", 0)
+    if k > D:
+        raise ValueError(f"kept must be <= D = {D} (it counts channels), got {k}")
+    if k and not memory_efficient:
+        raise ValueError(f"kept counts the channels the memory-efficient mode keeps: it needs "
+                         f"memory_efficient=True, got kept={k} without it")
+    return bool(memory_efficient), k
+
+
+def _facts(nm: Norm, gamma: bool, beta: bool, half: bool,
+           memory_efficient: bool = False) -> frozenset[str]:
     """The conditions of FLOPS and REFERENCE_PASSES that hold for this call."""
     return frozenset({
         "centred" if nm.centred else "uncentred",
@@ -172,6 +241,7 @@ def _facts(nm: Norm, gamma: bool, beta: bool, half: bool) -> frozenset[str]:
         "gamma" if gamma else "no gamma",
         "beta" if beta else "no beta",
         "half" if half else "full",
+        "memory-efficient" if memory_efficient else "default",
     })
 
 
@@ -184,7 +254,7 @@ def _streams(pass_: str, nm: Norm) -> int:
 
 def minimal_bytes(
     pass_: str, M: int, D: int, itemsize: int, *, affine: bool = True, extras: bool = False,
-    norm: str = "layer_norm",
+    norm: str = "layer_norm", memory_efficient: bool = False, kept: int = 0,
 ) -> int:
     """Bytes a single fused pass must move.
 
@@ -199,26 +269,39 @@ def minimal_bytes(
             per-row statistics (mean and rstd, rstd alone for RMSNorm; written forward, read
             backward).
         norm: the family member (a name from :data:`layernorm.family.NORMS`).
+        memory_efficient: the memory-efficient mode: the backward reads y instead of x (h),
+            as many bytes in the model's one dtype; the forward writes, and the backward
+            reads, the (M, kept) xhat of the kept channels in the compute dtype; with
+            ``extras`` the statistics are rstd alone (xhat is recovered from y, so the mean
+            is not needed), the kept channels' int64 indices are written and read too, and
+            beta, counted read in both passes in either mode, is what this backward
+            subtracts from y (the shift).
+        kept: the number of kept channels, in [0, D]; only with ``memory_efficient``.
     """
     _check_pass(pass_)
     M, D, itemsize = _sizes(M, D, itemsize)
+    memory_efficient, kept = _mode(memory_efficient, kept, D)
     nm = family.norm(norm)
     total = _streams(pass_, nm) * M * D * itemsize
+    if memory_efficient:
+        total += M * kept * _compute_itemsize(itemsize)
     if extras:
         params = len(nm.params) * D * itemsize if affine else 0
-        stats = (2 if nm.centred else 1) * M * 4
-        total += params * (2 if pass_ == "bwd" else 1) + stats
+        stats = (1 if memory_efficient else 2 if nm.centred else 1) * M * 4
+        total += params * (2 if pass_ == "bwd" else 1) + stats + 8 * kept
     return total
 
 
 def flops(pass_: str, M: int, D: int, *, norm: str = "layer_norm", gamma: bool = True,
-          beta: bool | None = None) -> int:
+          beta: bool | None = None, memory_efficient: bool = False) -> int:
     """Floating-point operations of one pass over (M, D), by ``FLOPS`` (arguments as
     :func:`cost`)."""
     _check_pass(pass_)
     M, D = _sizes(M, D)
+    memory_efficient, _ = _mode(memory_efficient, 0, D)
     nm = family.norm(norm)
-    facts = _facts(nm, gamma, _beta(nm, beta), half=False)  # FLOPs do not depend on it
+    facts = _facts(nm, gamma, _beta(nm, beta), half=False,  # FLOPs do not depend on it
+                   memory_efficient=memory_efficient)
     return sum(e * M * D + r * M for _, e, r, when in FLOPS[pass_] if when <= facts)
 
 
@@ -227,38 +310,93 @@ def _compute_itemsize(itemsize: int) -> int:
 
 
 def _reference_bytes(pass_: str, nm: Norm, M: int, D: int, itemsize: int, gamma: bool,
-                     beta: bool) -> int:
-    """Bytes the NumPy reference moves over (M, D) arrays, from REFERENCE_PASSES."""
-    size = {"c": _compute_itemsize(itemsize), "s": itemsize}
-    facts = _facts(nm, gamma, beta, half=itemsize == 2)
-    return sum(sum(size[a] for a in reads + writes) * M * D
-               for _, reads, writes, when in REFERENCE_PASSES[pass_] if when <= facts)
+                     beta: bool, memory_efficient: bool = False, kept: int = 0) -> int:
+    """Bytes the NumPy reference moves over (M, D) arrays, from REFERENCE_PASSES, and in the
+    memory-efficient mode over the (M, kept) arrays of the kept channels, from
+    REFERENCE_KEPT_PASSES."""
+    size = {"c": _compute_itemsize(itemsize), "s": itemsize, "d": 8}
+    facts = _facts(nm, gamma, beta, itemsize == 2, memory_efficient)
+
+    def moved(passes: list[tuple[str, str, str, frozenset[str]]], columns: int) -> int:
+        return sum(sum(size[a] for a in reads + writes) * M * columns
+                   for _, reads, writes, when in passes if when <= facts)
+
+    total = moved(REFERENCE_PASSES[pass_], D)
+    return total + (moved(REFERENCE_KEPT_PASSES[pass_], kept) if memory_efficient else 0)
 
 
 def _reference_peak(pass_: str, nm: Norm, M: int, D: int, itemsize: int, gamma: bool,
-                    beta: bool) -> int:
+                    beta: bool, memory_efficient: bool = False, kept: int = 0) -> int:
     """Peak bytes allocated during one reference call, beyond what existed before it.
 
     Forward: the working array that becomes xhat, plus either the squares or y (never both
     alive); half-precision inputs add the cast of y; an add-norm adds h, alive throughout.
+    The memory-efficient forward forms the whole xhat all the same, then, while xhat and y
+    are alive, applies the recovery rule (a few float64 (D,) vectors) and gathers the
+    (M, kept) xhat of the kept channels and their int64 indices: above the default peak in
+    float32 and float64, where y is no cast, and below it in half precision, where the
+    compute dtype's y has been freed by then.
+
     Backward: dy·xhat and g (which becomes the norm's dx); half-precision inputs add the
     float32 copy of dy, and a plain norm the cast of dx. An add-norm's dx and dresidual are
-    made once dy·xhat is freed, within that peak. O(M) and O(D) vectors (means, rstd, the
-    float64 sums for dgamma and dbeta) are included.
+    made once dy·xhat is freed, within that peak. The memory-efficient backward holds
+    instead t = y - beta and dy·t in float64, g, and xhat rounded from t in the compute dtype,
+    with dy·xhat of the kept channels, (M, kept) in float64; before xhat is formed, the
+    (M, kept) products with the scale (with gamma) or the float64 operands of dy·xhat there
+    can be the larger.
+
+    O(M) and O(D) vectors (means, rstd, the float64 sums for dgamma and dbeta) are included.
     """
     c, s = _compute_itemsize(itemsize), itemsize
-    md = M * D
+    md, mk = M * D, M * kept
+    half = itemsize != c
     if pass_ == "fwd":
-        peak = 2 * md * c + 4 * M * c
-        if itemsize != c:
+        peak = 2 * md * c
+        if memory_efficient and not half:
+            # the rule's (D,) float64 temporaries (about four), then the kept channels
+            peak += max(4 * M * c, 4 * D * 8, mk * c + 8 * kept)
+        else:
+            peak += 4 * M * c
+        if half:
             peak += md * s
         if nm.residual:
             peak += md * s
         return peak
-    peak = 2 * md * c + 2 * M * c + 2 * D * 8 * (int(gamma) + int(beta))
-    if itemsize != c:
-        peak += md * c + (0 if nm.residual else md * s)
+    cast = md * s if half and not nm.residual else 0  # dx rounded, while the rest is alive
+    if memory_efficient:
+        phases = [16 * md + 2 * md * c + 8 * mk + cast,  # t, dy·t, g, xhat; (M, k) dy·xhat
+                  16 * md + (c + 16) * mk]  # t, dy·t; dy's kept channels, kept xhat in float64
+        if gamma:
+            phases.append(16 * md + md * c + 16 * mk)  # t, dy·t, g; (M, k) dy·xhat, · scale
+        peak = max(phases)
+    else:
+        peak = 2 * md * c + cast
+    peak += 2 * M * c + 2 * D * 8 * (int(gamma) + int(beta))
+    if half:
+        peak += md * c  # dy in float32
     return peak
+
+
+def cache_bytes(M: int, D: int, itemsize: int, *, norm: str = "layer_norm", gamma: bool = True,
+                beta: bool | None = None, memory_efficient: bool = False, kept: int = 0) -> int:
+    """Bytes the reference's cache holds from forward to backward (arguments as :func:`cost`).
+
+    Default (:class:`layernorm.reference.NormCache`): xhat (M·D), rstd (M) and the copy of
+    the scale (D, with gamma), in the compute dtype of c bytes: (M·D + M + D)·c.
+    Memory-efficient (:class:`layernorm.reference.OutputCache`): rstd (M), the copies of the
+    scale (D, with gamma) and of the shift (D, with beta: LayerNorm's), the kept channels'
+    indices (8·kept, int64) and their xhat (M·kept): (M + D + D + M·kept)·c + 8·kept. y is
+    not counted: it is the forward's output, which the next layer holds anyway. An add-norm's
+    cache is its norm's, in either mode.
+    """
+    M, D, itemsize = _sizes(M, D, itemsize)
+    memory_efficient, kept = _mode(memory_efficient, kept, D)
+    nm = family.norm(norm)
+    beta = _beta(nm, beta)
+    c = _compute_itemsize(itemsize)
+    if memory_efficient:
+        return (M + D * (int(gamma) + int(beta)) + M * kept) * c + 8 * kept
+    return (M * D + M + D * int(gamma)) * c
 
 
 def _beta(nm: Norm, beta: bool | None) -> bool:
@@ -272,7 +410,12 @@ def _beta(nm: Norm, beta: bool | None) -> bool:
 
 @dataclass(frozen=True)
 class Cost:
-    """The model's figures for one call; bytes and FLOPs are Python integers."""
+    """The model's figures for one call; bytes and FLOPs are Python integers.
+
+    ``cache_bytes`` is the cache of the call's mode (memory-efficient with
+    ``memory_efficient``, keeping ``kept`` channels); ``default_cache_bytes`` the default
+    mode's, for the same call.
+    """
 
     norm: str
     pass_: str
@@ -285,6 +428,9 @@ class Cost:
     reference_bytes: int
     cache_bytes: int
     reference_peak_bytes: int
+    memory_efficient: bool
+    kept: int
+    default_cache_bytes: int
 
     @property
     def reference_temporary_bytes(self) -> int:
@@ -295,6 +441,18 @@ class Cost:
         returned = len(outputs) * self.M * self.D * self.itemsize
         return self.reference_peak_bytes - returned - (self.cache_bytes if self.pass_ == "fwd"
                                                        else 0)
+
+    @property
+    def cache_saved_bytes(self) -> int:
+        """Bytes the cache holds less than the default mode's (0 in the default mode)."""
+        return self.default_cache_bytes - self.cache_bytes
+
+    @property
+    def cache_saved_fraction(self) -> float:
+        """``cache_saved_bytes`` over the default cache (0.0 for an empty one, M = 0 and no
+        gamma)."""
+        return self.cache_saved_bytes / self.default_cache_bytes if self.default_cache_bytes \
+            else 0.0
 
     @property
     def intensity(self) -> float:
@@ -327,7 +485,7 @@ def roofline_seconds(
 
 def cost(
     pass_: str, M: int, D: int, itemsize: int, *, norm: str = "layer_norm", gamma: bool = True,
-    beta: bool | None = None,
+    beta: bool | None = None, memory_efficient: bool = False, kept: int = 0,
 ) -> Cost:
     """The model for one forward (``"fwd"``) or backward (``"bwd"``) of ``norm`` over (M, D).
 
@@ -338,23 +496,34 @@ def cost(
         gamma: whether gamma is present.
         beta: whether beta is present; default: where the norm has one (ValueError for
             beta=True with an RMS norm).
+        memory_efficient: the mode of ``memory_efficient=True``: the cache keeps y's
+            statistics and the kept channels' xhat instead of xhat, and the backward recovers
+            xhat from y (a bool; TypeError for others).
+        kept: how many channels' xhat the memory-efficient forward keeps
+            (:func:`layernorm.recovery.kept_channels`; 0 for weights at their initial
+            values), an integer in [0, D]; ValueError for a nonzero kept without
+            ``memory_efficient``.
     """
     _check_pass(pass_)
     M, D, itemsize = _sizes(M, D, itemsize)
+    memory_efficient, kept = _mode(memory_efficient, kept, D)
     nm = family.norm(norm)
     beta = _beta(nm, beta)
-    c = _compute_itemsize(itemsize)
+    mode = dict(memory_efficient=memory_efficient, kept=kept)
     return Cost(
         norm=nm.name,
         pass_=pass_,
         M=M,
         D=D,
         itemsize=itemsize,
-        flops=flops(pass_, M, D, norm=nm.name, gamma=gamma, beta=beta),
-        minimal_bytes=minimal_bytes(pass_, M, D, itemsize, norm=nm.name),
+        flops=flops(pass_, M, D, norm=nm.name, gamma=gamma, beta=beta,
+                    memory_efficient=memory_efficient),
+        minimal_bytes=minimal_bytes(pass_, M, D, itemsize, norm=nm.name, **mode),
         minimal_bytes_with_extras=minimal_bytes(pass_, M, D, itemsize, affine=gamma or beta,
-                                                extras=True, norm=nm.name),
-        reference_bytes=_reference_bytes(pass_, nm, M, D, itemsize, gamma, beta),
-        cache_bytes=(M * D + M + (D if gamma else 0)) * c,
-        reference_peak_bytes=_reference_peak(pass_, nm, M, D, itemsize, gamma, beta),
+                                                extras=True, norm=nm.name, **mode),
+        reference_bytes=_reference_bytes(pass_, nm, M, D, itemsize, gamma, beta, **mode),
+        cache_bytes=cache_bytes(M, D, itemsize, norm=nm.name, gamma=gamma, beta=beta, **mode),
+        reference_peak_bytes=_reference_peak(pass_, nm, M, D, itemsize, gamma, beta, **mode),
+        **mode,
+        default_cache_bytes=cache_bytes(M, D, itemsize, norm=nm.name, gamma=gamma, beta=beta),
     )
