@@ -424,6 +424,33 @@ def test_cost_command_prints_the_model(capsys):
         command.table([(4096,)], ["float32"], None)
 
 
+def test_cost_command_prints_the_memory_efficient_model(capsys):
+    """Protects `layernorm cost --memory-efficient [--kept K]`: every figure is the mode's, and
+    the forward's rows show its cache, the default mode's and the fraction saved, to three
+    decimals of MB (the mode's cache is O(M + D)); without the flag the table is the default
+    mode's, with no such columns."""
+    from layernorm.commands import cli
+
+    argv = ["cost", "--shape", "8x512x768", "--dtype", "bfloat16", "--memory-efficient"]
+    for kept in (0, 40):
+        assert cli.main(argv + (["--kept", str(kept)] if kept else [])) == 0
+        out = capsys.readouterr().out
+        assert "| cache MB | default cache MB | saved | peak MB |" in out
+        for name, nm in NORMS.items():
+            f, b = (cost.cost(p, 4096, 768, 2, norm=name, memory_efficient=True, kept=kept)
+                    for p in ("fwd", "bwd"))
+            assert f"| 8x512x768 | bfloat16 | {nm.title} | fwd | {f.flops / 1e9:.3f} | " \
+                   f"{f.minimal_bytes / 1e6:.1f} | {f.reference_bytes / 1e6:.1f} | " \
+                   f"{f.reference_traffic_ratio:.1f} | {f.cache_bytes / 1e6:.3f} | " \
+                   f"{f.default_cache_bytes / 1e6:.3f} | {f.cache_saved_fraction:.2%} | " \
+                   f"{f.reference_peak_bytes / 1e6:.1f} |" in out
+            assert f"| {nm.title} | bwd | {b.flops / 1e9:.3f} | {b.minimal_bytes / 1e6:.1f} | " \
+                   f"{b.reference_bytes / 1e6:.1f} | {b.reference_traffic_ratio:.1f} | - | - | " \
+                   f"- | {b.reference_peak_bytes / 1e6:.1f} |" in out
+    assert cli.main(["cost", "--shape", "64x64"]) == 0
+    assert "saved" not in capsys.readouterr().out
+
+
 def test_sizes_are_exact_python_integers_whatever_their_type():
     """Protects the model's figures at large shapes: NumPy integer M and D, as int64, would
     wrap around past 2^63 (negative FLOPs for 1e10 x 1e10) and, as int32, past 2^31 with no
