@@ -451,6 +451,25 @@ def test_cost_command_prints_the_memory_efficient_model(capsys):
     assert "saved" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv", [
+    ["--memory-efficient"],
+    ["--norm", "layer_norm", "--memory-efficient", "--kept", "205"],
+], ids=" ".join)
+def test_complexity_memory_efficient_tables_are_what_the_command_prints(argv, capsys):
+    """Protects docs/complexity.md's tables of the memory-efficient cache (section Memory):
+    each is the output of the command quoted beside it."""
+    from pathlib import Path
+
+    from layernorm.commands import cli
+
+    argv = ["cost", "--shape", "4096x4096", "--dtype", "float32", "--dtype", "bfloat16", *argv]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out.strip()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "complexity.md").read_text()
+    assert f"`layernorm {' '.join(argv)}`" in " ".join(text.split())
+    assert printed in text, "docs/complexity.md is stale: paste the command's table"
+
+
 def test_sizes_are_exact_python_integers_whatever_their_type():
     """Protects the model's figures at large shapes: NumPy integer M and D, as int64, would
     wrap around past 2^63 (negative FLOPs for 1e10 x 1e10) and, as int32, past 2^31 with no
