@@ -6,11 +6,20 @@ means ``torch.finfo(dtype).eps`` of the normalized tensor's dtype, and eps = 0 i
 Bad arguments raise ``TypeError`` (wrong kind) or ``ValueError`` (wrong value) naming the
 argument.
 
+``memory_efficient=True`` is a training-time choice: where a gradient is needed, the
+forward's autograd keeps y (the norm's output, which the next layer keeps anyway), the
+statistics and xhat of the few channels y cannot give back, instead of x (h for an add-norm),
+so a norm followed by a Linear keeps one (M, D) activation less; the backward recovers xhat
+from y (``layernorm::fwd_y``; :mod:`layernorm.recovery` has the rule and its error). Its
+backward cannot be differentiated again (create_graph=True raises). Where no gradient is
+needed (inference, ``torch.no_grad``) it changes nothing.
+
 Leaving PyTorch (docs/export.md): during an ONNX export (either of torch's exporters) the
 functions compute with torch's standard operations (``F.layer_norm``, ``F.rms_norm``, the add
 and the casts of the ops' dtypes), which the exporters translate to standard ONNX operators;
 torch.export and torch.compile see the layernorm ops; under ``torch.jit.trace`` the training
-op ``fwd`` is recorded whatever the grad mode, and nothing of x's rank.
+op ``fwd`` is recorded whatever the grad mode, and nothing of x's rank. Under tracing and
+torch.export ``memory_efficient`` is not applied: they record ``fwd``, as without it.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._cpu import compute_dtype
-from ._ops import fwd, norm
+from ._ops import fwd, fwd_y, norm
 
 __all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "rms_norm"]
 
@@ -118,9 +127,10 @@ def _check_flag(flag: object, name: str) -> bool:
 
 def _checked(x: object, residual: object, normalized_shape: object, weight: object,
              bias: object, eps: object, zero_centered_gamma: object, residual_dtype: object,
-             x_name: str) -> tuple:
+             memory_efficient: object, x_name: str) -> tuple:
     """The arguments checked: (x, residual, shape, weight, bias, eps, zero_centered_gamma,
-    h_dtype), h_dtype None without a residual. Reads sizes and records nothing."""
+    h_dtype, memory_efficient), h_dtype None without a residual. Reads sizes and records
+    nothing."""
     x = _check_tensor(x, x_name)
     _check_device(x, x_name)
     shape = _normalized_shape(normalized_shape, x, x_name)
@@ -141,7 +151,8 @@ def _checked(x: object, residual: object, normalized_shape: object, weight: obje
     bias = _check_param(bias, "bias", shape, x)
     eps = _check_eps(eps, h_dtype or x.dtype)
     zero_centered_gamma = _check_flag(zero_centered_gamma, "zero_centered_gamma")
-    return x, residual, shape, weight, bias, eps, zero_centered_gamma, h_dtype
+    memory_efficient = _check_flag(memory_efficient, "memory_efficient")
+    return x, residual, shape, weight, bias, eps, zero_centered_gamma, h_dtype, memory_efficient
 
 
 # How a call learns that it is being traced or exported, looked up once. torch.compiler's
@@ -239,17 +250,18 @@ def _standard(centred: bool, x: Tensor, residual: Tensor | None, shape: tuple[in
 
 def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
           weight: object, bias: object, eps: object, zero_centered_gamma: object,
-          residual_dtype: object, x_name: str) -> tuple[Tensor, Tensor | None]:
+          residual_dtype: object, memory_efficient: object, x_name: str,
+          ) -> tuple[Tensor, Tensor | None]:
     """(y, h) of the family member (centred, residual given), h None for a plain norm."""
     tracing = _tracing_state() is not None
     if tracing:
         with _trace_paused():
             checked = _checked(x, residual, _traced_sizes(normalized_shape), weight, bias, eps,
-                               zero_centered_gamma, residual_dtype, x_name)
+                               zero_centered_gamma, residual_dtype, memory_efficient, x_name)
     else:
         checked = _checked(x, residual, normalized_shape, weight, bias, eps,
-                           zero_centered_gamma, residual_dtype, x_name)
-    x, residual, shape, weight, bias, eps, zero_centered_gamma, h_dtype = checked
+                           zero_centered_gamma, residual_dtype, memory_efficient, x_name)
+    x, residual, shape, weight, bias, eps, zero_centered_gamma, h_dtype, me = checked
     add = residual is not None
 
     if x.is_cuda:
@@ -279,7 +291,12 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
             x.requires_grad or (add and residual.requires_grad)
             or (weight is not None and weight.requires_grad)
             or (bias is not None and bias.requires_grad))):
-        y, h, _s0, _s1 = fwd(x2, r2, weight, bias, eps, centred, zero_centered_gamma, h_dtype)
+        if me and not tracing and not _is_exporting():  # autograd keeps y instead of x or h
+            y, h, *_kept = fwd_y(x2, r2, weight, bias, eps, centred, zero_centered_gamma,
+                                 h_dtype)
+        else:
+            y, h, _s0, _s1 = fwd(x2, r2, weight, bias, eps, centred, zero_centered_gamma,
+                                 h_dtype)
     else:  # nothing to differentiate: no statistics are computed or kept
         y, h = norm(x2, r2, weight, bias, eps, centred, zero_centered_gamma, h_dtype)
     if flat:
@@ -295,6 +312,7 @@ def layer_norm(
     eps: float = 1e-5,
     *,
     zero_centered_gamma: bool = False,
+    memory_efficient: bool = False,
 ) -> Tensor:
     """Layer norm over the trailing ``normalized_shape`` axes: ``F.layer_norm``, fused.
 
@@ -306,12 +324,15 @@ def layer_norm(
             gradients come back in their own dtype.
         eps: a finite number >= 0 added to the variance.
         zero_centered_gamma: the scale is 1 + weight (formed in the compute dtype).
+        memory_efficient: in training, autograd keeps y (which the next layer keeps anyway)
+            and not input; the backward recovers xhat from y. It cannot be differentiated
+            again (create_graph=True raises); without a gradient it changes nothing.
 
     Returns:
         y with input's shape and dtype (float32 under CUDA autocast, as torch's layer_norm).
     """
     return _norm(True, input, None, normalized_shape, weight, bias, eps, zero_centered_gamma,
-                 None, "input")[0]
+                 None, memory_efficient, "input")[0]
 
 
 def rms_norm(
@@ -321,6 +342,7 @@ def rms_norm(
     eps: float | None = None,
     *,
     zero_centered_gamma: bool = False,
+    memory_efficient: bool = False,
 ) -> Tensor:
     """RMS norm over the trailing ``normalized_shape`` axes: ``F.rms_norm``, fused.
 
@@ -329,7 +351,7 @@ def rms_norm(
     autocast, as torch's rms_norm).
     """
     return _norm(False, input, None, normalized_shape, weight, None, eps, zero_centered_gamma,
-                 None, "input")[0]
+                 None, memory_efficient, "input")[0]
 
 
 def add_layer_norm(
@@ -342,6 +364,7 @@ def add_layer_norm(
     *,
     residual_dtype: torch.dtype | None = None,
     zero_centered_gamma: bool = False,
+    memory_efficient: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The residual add and the layer norm of its result, fused: h = x + residual, y = LN(h).
 
@@ -352,13 +375,14 @@ def add_layer_norm(
             float32 with bfloat16 activations. h is x + residual formed in the widest compute
             dtype of x, residual and h, rounded once; the norm is of h as rounded.
         normalized_shape, weight, bias, eps, zero_centered_gamma: as for :func:`layer_norm`.
+        memory_efficient: as for :func:`layer_norm`: autograd keeps y, not h.
 
     Returns:
         y (x's shape and dtype) and h (x's shape, residual_dtype): the next block's residual.
         Gradients reach x and residual as dh + the norm's gradient.
     """
     y, h = _norm(True, x, residual, normalized_shape, weight, bias, eps, zero_centered_gamma,
-                 residual_dtype, "x")
+                 residual_dtype, memory_efficient, "x")
     return y, h
 
 
@@ -371,11 +395,12 @@ def add_rms_norm(
     *,
     residual_dtype: torch.dtype | None = None,
     zero_centered_gamma: bool = False,
+    memory_efficient: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The residual add and the RMS norm of its result, fused: h = x + residual, y = RMS(h).
 
     As :func:`add_layer_norm` without bias; eps None means ``torch.finfo(h.dtype).eps``.
     """
     y, h = _norm(False, x, residual, normalized_shape, weight, None, eps, zero_centered_gamma,
-                 residual_dtype, "x")
+                 residual_dtype, memory_efficient, "x")
     return y, h

@@ -1,8 +1,9 @@
 """``LayerNorm`` and ``RMSNorm``: subclasses of torch's modules computed by the fused ops.
 
-Same constructor (plus ``zero_centered_gamma`` and ``result_dtype``), parameters and state dict
-as ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm``, so each loads the state dict of the module it
-replaces and takes its place in a model unchanged; the repr names the class as ours.
+Same constructor (plus ``zero_centered_gamma``, ``result_dtype`` and ``memory_efficient``),
+parameters and state dict as ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm``, so each loads the
+state dict of the module it replaces and takes its place in a model unchanged; the repr names
+the class as ours.
 
 Two options serve modules taking the place of other libraries' norms (``replace_norms``):
 - ``result_dtype``: the dtype of the result where the weight's dtype is not the input's:
@@ -13,6 +14,10 @@ Two options serve modules taking the place of other libraries' norms (``replace_
 - ``normalized_shape=None`` (only without weight and bias): the last axis, whatever its size,
   as a weightless norm that does not fix its size normalizes; the attribute then reads ``()``
   (still a tuple, as torch's type says).
+
+``memory_efficient=True`` (an attribute too, which may be set on a built module) passes the
+functions' option of that name: in training, autograd keeps the module's output y instead of
+its input (``layernorm.torch.layer_norm`` says more). It is not part of the state dict.
 """
 
 from __future__ import annotations
@@ -37,11 +42,16 @@ class _Ours:
     # class-level defaults: a module pickled without an option reads it as off
     zero_centered_gamma: bool = False
     result_dtype: str = "input"
+    memory_efficient: bool = False
     _last_axis: bool = False  # built with normalized_shape=None
 
     def _options(self, normalized_shape: object, elementwise_affine: bool,
-                 zero_centered_gamma: bool, result_dtype: object) -> object:
+                 zero_centered_gamma: bool, result_dtype: object,
+                 memory_efficient: object = False) -> object:
         """Check and keep the options; ``normalized_shape`` as torch's constructor takes it."""
+        if not isinstance(memory_efficient, bool):
+            raise TypeError(f"memory_efficient must be a bool, got "
+                            f"{type(memory_efficient).__name__}")
         if not isinstance(result_dtype, str):
             raise TypeError(f"result_dtype must be a str, got {type(result_dtype).__name__}")
         if result_dtype not in RESULT_DTYPES:
@@ -52,6 +62,7 @@ class _Ours:
                              "elementwise_affine=False: a weight fixes the size")
         self.zero_centered_gamma = zero_centered_gamma
         self.result_dtype = result_dtype
+        self.memory_efficient = memory_efficient
         self._last_axis = normalized_shape is None
         return () if self._last_axis else normalized_shape
 
@@ -87,7 +98,8 @@ class _Ours:
         if out is not None:
             x = x.to(torch.promote_types(x.dtype, out))
         y = norm(x, self._shape(x), *params, self.eps,
-                 zero_centered_gamma=self.zero_centered_gamma)
+                 zero_centered_gamma=self.zero_centered_gamma,
+                 memory_efficient=self.memory_efficient)
         return y if out is None else y.to(out)
 
     def extra_repr(self) -> str:
@@ -98,6 +110,8 @@ class _Ours:
             base += ", zero_centered_gamma=True"
         if self.result_dtype != "input":
             base += f", result_dtype={self.result_dtype!r}"
+        if self.memory_efficient:
+            base += ", memory_efficient=True"
         return base
 
 
@@ -105,14 +119,16 @@ class LayerNorm(_Ours, torch.nn.LayerNorm):
     """``torch.nn.LayerNorm`` computed by :func:`layernorm.torch.layer_norm`.
 
     With ``zero_centered_gamma=True`` the scale is 1 + weight and the weight starts at zero;
-    ``result_dtype`` and ``normalized_shape=None`` as in the module docstring.
+    ``result_dtype``, ``normalized_shape=None`` and ``memory_efficient`` as in the module
+    docstring.
     """
 
     def __init__(self, normalized_shape: int | Sequence[int] | None, eps: float = 1e-5,
                  elementwise_affine: bool = True, bias: bool = True, device=None, dtype=None,
-                 *, zero_centered_gamma: bool = False, result_dtype: str = "input") -> None:
+                 *, zero_centered_gamma: bool = False, result_dtype: str = "input",
+                 memory_efficient: bool = False) -> None:
         shape = self._options(normalized_shape, elementwise_affine, zero_centered_gamma,
-                              result_dtype)
+                              result_dtype, memory_efficient)
         super().__init__(shape, eps, elementwise_affine, bias, device, dtype)
 
     def reset_parameters(self) -> None:
@@ -124,7 +140,8 @@ class LayerNorm(_Ours, torch.nn.LayerNorm):
         ``result_dtype`` says otherwise."""
         if self.result_dtype == "input" and not self._last_axis:  # the common case, directly
             return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps,
-                              zero_centered_gamma=self.zero_centered_gamma)
+                              zero_centered_gamma=self.zero_centered_gamma,
+                              memory_efficient=self.memory_efficient)
         return self._run(layer_norm, input, self.weight, self.bias)
 
 
@@ -132,15 +149,16 @@ class RMSNorm(_Ours, torch.nn.RMSNorm):
     """``torch.nn.RMSNorm`` computed by :func:`layernorm.torch.rms_norm`.
 
     With ``zero_centered_gamma=True`` the scale is 1 + weight (Gemma's convention) and the
-    weight starts at zero; ``result_dtype`` and ``normalized_shape=None`` as in the module
-    docstring.
+    weight starts at zero; ``result_dtype``, ``normalized_shape=None`` and ``memory_efficient``
+    as in the module docstring.
     """
 
     def __init__(self, normalized_shape: int | Sequence[int] | None, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None,
-                 *, zero_centered_gamma: bool = False, result_dtype: str = "input") -> None:
+                 *, zero_centered_gamma: bool = False, result_dtype: str = "input",
+                 memory_efficient: bool = False) -> None:
         shape = self._options(normalized_shape, elementwise_affine, zero_centered_gamma,
-                              result_dtype)
+                              result_dtype, memory_efficient)
         super().__init__(shape, eps, elementwise_affine, device, dtype)
 
     def reset_parameters(self) -> None:
@@ -152,5 +170,6 @@ class RMSNorm(_Ours, torch.nn.RMSNorm):
         ``result_dtype`` says otherwise."""
         if self.result_dtype == "input" and not self._last_axis:  # the common case, directly
             return rms_norm(x, self.normalized_shape, self.weight, self.eps,
-                            zero_centered_gamma=self.zero_centered_gamma)
+                            zero_centered_gamma=self.zero_centered_gamma,
+                            memory_efficient=self.memory_efficient)
         return self._run(rms_norm, x, self.weight)

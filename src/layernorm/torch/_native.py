@@ -1,11 +1,12 @@
 """The C++ operator that runs the ops on CPU tensors: built on first use, cached on disk.
 
-``csrc/cpu_ops.cpp`` registers the CPU kernels of ``layernorm::fwd``, ``layernorm::bwd`` and
-``layernorm::norm``. It is compiled with torch's ``cpp_extension`` (g++ and ninja) the first
-time ``layernorm.torch`` is imported on a machine (about 15 s here) into torch's extension
-cache (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``); later imports load
-it in well under a second. The arithmetic stays in the Numba kernels: the operator calls the
-compiled kernels of :mod:`layernorm.cpu.entry` by address.
+``csrc/cpu_ops.cpp`` registers the CPU kernels of ``layernorm::fwd``, ``layernorm::bwd``,
+``layernorm::norm``, ``layernorm::fwd_y`` and ``layernorm::bwd_y``. It is compiled with torch's
+``cpp_extension`` (g++ and ninja) the first time ``layernorm.torch`` is imported on a machine
+(about 15 s here) into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``); later imports load it in well under a second. The arithmetic
+stays in the Numba kernels: the operator calls the compiled kernels of
+:mod:`layernorm.cpu.entry` by address.
 
 Large outputs (1 MiB and more) come from a pool of blocks whose tensors were freed, so that a
 call does not pay the first touch of fresh pages (:func:`layernorm.cpu.memory.pool_cap` caps
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from .. import recovery
 from ..cpu import entry, kernels, memory
 
 __all__ = ["load"]
@@ -42,6 +44,11 @@ _RESOLVE = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_char_p)
 
 
 def _resolve(request: bytes) -> int:
+    kind = request.decode().split(" ", 1)[0]
+    if kind not in entry.ROLES:  # a kernel this layernorm.cpu does not have: the operator raises
+        warnings.warn(f"layernorm: the CPU kernels have no entry point {kind!r}", RuntimeWarning,
+                      stacklevel=1)
+        return 0
     try:
         return entry.resolve(request.decode())
     except Exception as exc:  # noqa: BLE001 - reported, and the operator raises on 0
@@ -85,5 +92,7 @@ def load() -> bool:
     address = ctypes.cast(_callback, ctypes.c_void_p).value
     torch.ops.layernorm_cpu._setup(address, entry.OPENMP_SERIAL_ELEMENTS,
                                    kernels.ROWS_PER_CHUNK, kernels.MAX_CHUNKS, kernels.NSTATS,
-                                   kernels.CENTRED, kernels.ZERO_CENTERED, memory.CAP_BYTES)
+                                   kernels.CENTRED, kernels.ZERO_CENTERED, memory.CAP_BYTES,
+                                   recovery.MARGIN, kernels.HI, kernels.LO, kernels.RSTD,
+                                   kernels.SCALE)
     return True

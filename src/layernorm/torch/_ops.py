@@ -1,9 +1,12 @@
-"""The family as three ``torch.library`` ops, with fake tensors, autograd and a device switch.
+"""The family as ``torch.library`` ops, with fake tensors, autograd and a device switch.
 
 ``layernorm::fwd`` and ``layernorm::bwd`` serve every norm in training (``centred`` picks
 LayerNorm or RMSNorm, a residual makes it an add-norm); ``layernorm::norm`` is the forward of
-inference, which keeps no statistics. They normalize x (..., D) over its last axis, as M rows;
-the functions of :mod:`layernorm.torch` check the caller's arguments first. Each op runs
+inference, which keeps no statistics. ``layernorm::fwd_y`` and ``layernorm::bwd_y`` are the
+memory-efficient pair: the forward's autograd keeps y (the norm's output, which the next layer
+keeps anyway) instead of x or h, and the backward recovers xhat from it. They normalize
+x (..., D) over its last axis, as M rows; the functions of :mod:`layernorm.torch` check the
+caller's arguments first. Each op runs
 
 * on CPU tensors, the fused CPU kernels: through the C++ operator of ``csrc/cpu_ops.cpp``
   (:mod:`._native`), or where it cannot be built through Python (:mod:`._cpu`);
@@ -22,11 +25,23 @@ for CPU tensors (the same saves and formulas, without Python in a training step'
 The first backward is the fused ``layernorm::bwd``; a backward that is
 itself differentiated (``create_graph=True``, double backward) is computed from torch
 operations (:func:`composite_backward`), which autograd differentiates.
+
+Memory-efficient mode (``fwd_y``): autograd saves y (the output itself, so no copy), the
+parameters, the statistics and, for the k channels :func:`layernorm.recovery.kept_channels`
+names (where (y - shift) / scale would lose xhat), ``kept`` (M, k) = xhat of those channels in
+the compute dtype T, with ``keep`` (k,) int64 their indices. ``bwd_y`` recovers
+xhat_j = (y_j - shift_j) / scale_j on the other channels and runs the usual formulas. y
+changed in place before the backward raises torch's version-counter error, as x does for
+``fwd``. Its backward cannot itself be differentiated: the second derivative needs the
+dependence of rstd and of the kept xhat on x, which are not in the graph (x is not kept), so
+a backward run with ``create_graph=True`` (double backward, ``torch.func.grad``) raises
+:data:`DOUBLE_BACKWARD` rather than return a wrong second derivative.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -34,9 +49,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..recovery import MARGIN
 from . import _cpu, _native
 
-__all__ = ["NATIVE", "bwd", "composite_backward", "fwd", "norm", "triton_on_cpu"]
+__all__ = ["DOUBLE_BACKWARD", "NATIVE", "bwd", "bwd_y", "composite_backward", "fwd", "fwd_y",
+           "kept_channels", "norm", "triton_on_cpu"]
 
 _LIB = torch.library.Library("layernorm", "DEF")
 _LIB.define(
@@ -49,6 +66,14 @@ _LIB.define(
     "bwd(Tensor dy, Tensor? dh, Tensor xn, Tensor? weight, Tensor? bias, Tensor stats0, "
     "Tensor stats1, bool centred, bool zero_centered_gamma, ScalarType? x_dtype, "
     "ScalarType? residual_dtype) -> (Tensor, Tensor, Tensor, Tensor)")
+_LIB.define(
+    "fwd_y(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, bool centred, "
+    "bool zero_centered_gamma, ScalarType? h_dtype) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_LIB.define(
+    "bwd_y(Tensor dy, Tensor? dh, Tensor y, Tensor? weight, Tensor? bias, Tensor stats0, "
+    "Tensor stats1, Tensor keep, Tensor kept, bool centred, bool zero_centered_gamma, "
+    "ScalarType? x_dtype, ScalarType? residual_dtype) -> (Tensor, Tensor, Tensor, Tensor)")
 
 fwd = torch.ops.layernorm.fwd.default
 """y (M, D) in x's dtype; h (M, D) in ``h_dtype`` for an add-norm, else an empty (0,); and the
@@ -61,6 +86,41 @@ same sum in ``residual_dtype`` where that is given, else an empty (0,); dweight 
 their parameters' dtypes, or an empty (0,) for an absent one (an op returns neither None nor
 aliases). An add-norm's autograd on the CPU passes no ``residual_dtype`` where the residual
 shares x's dtype, and returns dx for both."""
+fwd_y = torch.ops.layernorm.fwd_y.default
+"""y, h and the two statistics tensors as :data:`fwd` (on CUDA, a row the forward rescaled gets
+its own mean and rstd, not those of the rescaled row: the backward from y could not undo the
+scaling), then ``keep`` (k,) int64, the channels
+whose xhat cannot be recovered from y (:func:`layernorm.recovery.kept_channels` of the scale
+and shift in the compute dtype T, y's dtype and D), and ``kept`` (M, k) in T, xhat of those
+channels. k depends on the parameters' values: a dynamic size to torch.compile."""
+bwd_y = torch.ops.layernorm.bwd_y.default
+"""dx, dresidual, dweight and dbias as :data:`bwd`, from y (in x's dtype), the statistics,
+``keep`` and ``kept`` of :data:`fwd_y`; T is ``kept``'s dtype. ``x_dtype`` None means y's."""
+
+DOUBLE_BACKWARD = (
+    "layernorm: the backward of a memory_efficient=True norm cannot be differentiated "
+    "(create_graph=True, double backward, torch.func.grad): it keeps y, not the input whose "
+    "statistics the second derivative differentiates; use memory_efficient=False")
+"""The message of the RuntimeError a differentiated memory-efficient backward raises."""
+
+
+def kept_channels(weight: Tensor | None, bias: Tensor | None, zero_centered_gamma: bool,
+                  compute: torch.dtype, y_dtype: torch.dtype, d: int,
+                  device: torch.device | str = "cpu") -> Tensor:
+    """(k,) int64, ascending, on ``device``: :func:`layernorm.recovery.kept_channels` from torch
+    operations, of the scale (weight, or 1 + weight, formed in ``compute``; ones without it)
+    and shift (bias in ``compute``; zeros without it), for y stored in ``y_dtype``."""
+    f64 = torch.float64
+    if weight is None:
+        s = torch.ones(d, dtype=f64, device=device)
+    else:
+        s = weight.detach().to(compute)
+        s = (s + 1 if zero_centered_gamma else s).to(f64).abs()
+    b = (torch.zeros(d, dtype=f64, device=device) if bias is None
+         else bias.detach().to(compute).to(f64).abs())
+    fi = torch.finfo(y_dtype)
+    recovered = (MARGIN * s >= b + fi.tiny) & (s * math.sqrt(d) + b <= fi.max / 2)
+    return torch.nonzero(~recovered).view(-1)
 
 
 # --- CUDA: the Triton kernels ---------------------------------------------------------------
@@ -106,7 +166,81 @@ def _bwd_triton(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered
     return tuple(xn.new_empty((0,)) if t is None else t for t in (dx, dres, dw, db))
 
 
-for _name, _fn in (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_triton)):
+def _pow2_scale(a: Tensor) -> Tensor:
+    """The Triton kernels' rescaling of a row from its max|xn| ``a`` (M,) in T: 2**(126 - E) for
+    a float32 of biased exponent E capped at 252 (float64: 2**(1022 - E), E capped at 2044),
+    built from the bits as the kernels build it."""
+    if a.dtype == torch.float64:
+        e = ((a.view(torch.int64) >> 52) & 0x7FF).clamp(max=2044)
+        return ((2045 - e) << 52).view(torch.float64)
+    e = ((a.view(torch.int32) >> 23) & 0xFF).clamp(max=252)
+    return ((253 - e) << 23).view(torch.float32)
+
+
+def _recovery_triton(xn: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
+                     rstd: Tensor, zero_centered_gamma: bool, y_dtype: torch.dtype,
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(mean, rstd, keep, kept) for the backward from y, from the Triton forward's statistics.
+
+    On a row the forward rescaled (rstd < 0: the statistics of xn·s, s from max|xn|) the
+    statistics become the row's own, mean(xn·s)/s and s·|rstd| = 1/sqrt(var + eps): y does not
+    give s, so the backward could not. keep (k,) and kept (M, k) in T (the statistics' dtype):
+    xhat = (xn - mean)·rstd of the kept channels, in float64 rounded to T, 0 where xn equals
+    the mean (a constant row, as the kernels have it).
+    """
+    d = xn.shape[-1]
+    rows = xn.reshape(-1, d)
+    cdt = mean.dtype
+    scaled = rstd < 0
+    s = None
+    if bool(scaled.any()):
+        s = torch.where(scaled, _pow2_scale(rows.abs().amax(-1).to(cdt)), 1.0).to(cdt)
+        mean, rstd = mean / s, rstd.abs() * s  # exact: s is a power of two
+    keep = kept_channels(weight, bias, zero_centered_gamma, cdt, y_dtype, d, xn.device)
+    if keep.numel() == 0:
+        return mean, rstd, keep, rows.new_empty((rows.shape[0], 0), dtype=cdt)
+    v = rows[:, keep].to(torch.float64)  # (M, k)
+    f64 = torch.float64
+    if s is None:
+        xc = v - mean.to(f64)[:, None]
+        xhat = xc * rstd.to(f64)[:, None]
+    else:  # on xn·s, as the forward computed the row's statistics
+        s64 = s.to(f64)[:, None]
+        xc = v * s64 - (mean.to(f64)[:, None] * s64)
+        xhat = xc * (rstd.to(f64)[:, None] / s64)
+    return mean, rstd, keep, torch.where(xc == 0, 0.0, xhat).to(cdt)
+
+
+def _fwd_y_triton(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+    y, h, mean, rstd = _fwd_triton(x, residual, weight, bias, eps, centred,
+                                   zero_centered_gamma, h_dtype)
+    mean, rstd, keep, kept = _recovery_triton(x if residual is None else h, weight, bias, mean,
+                                              rstd, zero_centered_gamma, x.dtype)
+    return y, h, mean, rstd, keep, kept
+
+
+def _bwd_y_triton(dy, dh, y, weight, bias, stats0, stats1, keep, kept, centred,
+                  zero_centered_gamma, x_dtype, residual_dtype):
+    from ..gpu import kernels
+
+    if dy.stride(-1) != 1:
+        dy = dy.contiguous()
+    if dh is not None and dh.stride(-1) != 1:
+        dh = dh.contiguous()
+    # as _bwd_triton: dh without residual_dtype runs as an add-norm whose dresidual is dropped
+    with_dres = dh is None or residual_dtype is not None
+    dx, dres, dw, db = kernels.backward_from_y(
+        _rows(dy), _rows(dh), _rows(y), weight, bias, stats1, keep, kept, centred=centred,
+        zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
+        residual_dtype=residual_dtype if with_dres else x_dtype or y.dtype)
+    dx = dx.view(y.shape)
+    dres = None if dres is None or not with_dres else dres.view(y.shape)
+    return tuple(y.new_empty((0,)) if t is None else t for t in (dx, dres, dw, db))
+
+
+_TRITON = (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_triton),
+           ("fwd_y", _fwd_y_triton), ("bwd_y", _bwd_y_triton))
+for _name, _fn in _TRITON:
     _LIB.impl(_name, _fn, "CUDA")
 
 
@@ -130,10 +264,25 @@ def _bwd_cpu(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_ga
                          x_dtype, residual_dtype)
 
 
+def _fwd_y_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+    y, h, stats, s1 = _fwd_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                               h_dtype)
+    keep, kept = _cpu.kept(x if residual is None else h, weight, bias, stats, centred,
+                           zero_centered_gamma, y.dtype)
+    return y, h, stats, s1, keep, kept
+
+
+def _bwd_y_cpu(dy, dh, y, weight, bias, stats0, stats1, keep, kept, centred,
+               zero_centered_gamma, x_dtype, residual_dtype):
+    return _cpu.backward_y(dy, dh, y, weight, bias, stats0, keep, kept, centred,
+                           zero_centered_gamma, x_dtype, residual_dtype)
+
+
 NATIVE = _native.load()
 """Whether the ops' CPU kernels are the C++ operator's (else registered from Python)."""
 if not NATIVE:
-    for _name, _fn in (("fwd", _fwd_cpu), ("norm", _norm_cpu), ("bwd", _bwd_cpu)):
+    for _name, _fn in (("fwd", _fwd_cpu), ("norm", _norm_cpu), ("bwd", _bwd_cpu),
+                       ("fwd_y", _fwd_y_cpu), ("bwd_y", _bwd_y_cpu)):
         _LIB.impl(_name, _fn, "CPU")
 
 
@@ -156,7 +305,7 @@ def triton_on_cpu() -> Iterator[None]:
     lib = torch.library.Library("layernorm", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Oo]verrid")
-        for name, fn in (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_triton)):
+        for name, fn in _TRITON:
             lib.impl(name, fn, "CPU", allow_override=True)
     old, _TRITON_ON_CPU = _TRITON_ON_CPU, True
     try:
@@ -203,6 +352,23 @@ def _bwd_fake(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_g
         xn.new_empty((0,)) if weight is None else torch.empty_like(weight),
         xn.new_empty((0,)) if bias is None else torch.empty_like(bias),
     )
+
+
+@torch.library.register_fake("layernorm::fwd_y")
+def _fwd_y_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+    s0, s1 = _stats_fake(x, residual, h_dtype)
+    k = torch.library.get_ctx().new_dynamic_size()  # how many channels the values keep
+    cdt = _cpu.compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
+    m = x.numel() // x.shape[-1]
+    return (*_outputs_fake(x, residual, h_dtype), s0, s1,
+            x.new_empty((k,), dtype=torch.int64), x.new_empty((m, k), dtype=cdt))
+
+
+@torch.library.register_fake("layernorm::bwd_y")
+def _bwd_y_fake(dy, dh, y, weight, bias, stats0, stats1, keep, kept, centred,
+                zero_centered_gamma, x_dtype, residual_dtype):
+    return _bwd_fake(dy, dh, y, weight, bias, stats0, stats1, centred, zero_centered_gamma,
+                     x_dtype, residual_dtype)
 
 
 def composite_backward(
@@ -275,3 +441,37 @@ def _backward(ctx: Any, dy: Tensor | None, dh: Tensor | None, _ds0: Any, _ds1: A
 
 
 torch.library.register_autograd("layernorm::fwd", _backward, setup_context=_setup_context)
+
+
+def _setup_context_y(ctx: Any, inputs: tuple, output: tuple) -> None:
+    x, residual, weight, bias, _eps, centred, zero_centered_gamma, _h_dtype = inputs
+    y, _h, s0, s1, keep, kept = output
+    # y is an output: saved as itself (no copy), and its version counter is watched
+    ctx.save_for_backward(y, weight, bias, s0, s1, keep, kept)
+    ctx.flags = (centred, zero_centered_gamma, x.dtype,
+                 None if residual is None else residual.dtype)
+    ctx.mark_non_differentiable(s0, s1, keep, kept)
+    ctx.set_materialize_grads(False)
+
+
+def _backward_y(ctx: Any, dy: Tensor | None, dh: Tensor | None, *_stats: Any) -> tuple:
+    y, weight, bias, s0, s1, keep, kept = ctx.saved_tensors
+    centred, zcg, x_dtype, residual_dtype = ctx.flags
+    if residual_dtype is None:
+        dh = None
+    if dy is None and dh is None:
+        return None, None, None, None, None, None, None, None
+    if torch.is_grad_enabled():
+        raise RuntimeError(DOUBLE_BACKWARD)
+    shared = residual_dtype == x_dtype and y.device.type == "cpu"  # as in _backward
+    if dy is None:
+        dy = torch.zeros_like(y)
+    dx, dres, dw, db = bwd_y(dy, dh, y, weight, bias, s0, s1, keep, kept, centred, zcg,
+                             x_dtype, None if shared else residual_dtype)
+    if shared:
+        dres = dx
+    return (dx, None if residual_dtype is None else dres, None if weight is None else dw,
+            None if bias is None else db, None, None, None, None)
+
+
+torch.library.register_autograd("layernorm::fwd_y", _backward_y, setup_context=_setup_context_y)

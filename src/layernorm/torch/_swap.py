@@ -364,9 +364,10 @@ def _why_left(old: torch.nn.Module) -> str | None:
     return recipe.check(old) if recipe.check else None
 
 
-def _ours(old: torch.nn.Module) -> LayerNorm | RMSNorm:
+def _ours(old: torch.nn.Module, memory_efficient: bool = False) -> LayerNorm | RMSNorm:
     """Our module in ``old``'s place: its eps and training mode, its very Parameter objects
-    (so their device, dtype, values, gradients and optimizer state go with them)."""
+    (so their device, dtype, values, gradients and optimizer state go with them), and
+    ``memory_efficient``."""
     recipe = TABLE[_key(type(old))]
     weight, bias = old._parameters.get("weight"), old._parameters.get("bias")
     eps = getattr(old, recipe.eps) if isinstance(recipe.eps, str) else recipe.eps
@@ -375,7 +376,7 @@ def _ours(old: torch.nn.Module) -> LayerNorm | RMSNorm:
     else:
         shape = None if weight is None else tuple(weight.shape)
     options = {"device": "meta", "zero_centered_gamma": recipe.zero_centred,
-               "result_dtype": recipe.result}
+               "result_dtype": recipe.result, "memory_efficient": memory_efficient}
     # built on the meta device: its own parameters are replaced at once, never allocated
     if recipe.ours is LayerNorm:
         new = LayerNorm(shape, eps, weight is not None, bias=bias is not None, **options)
@@ -401,7 +402,7 @@ def _listing(left: list[tuple[str, str, str]]) -> str:
 
 
 def replace_norms(model: torch.nn.Module, *, only: str | None = None,
-                  strict: bool = False) -> SwapSummary:
+                  strict: bool = False, memory_efficient: bool = False) -> SwapSummary:
     """Swap every norm of ``model`` whose class is in the table for :class:`LayerNorm` or
     :class:`RMSNorm`, in place, and say what was swapped and what was left.
 
@@ -432,6 +433,10 @@ def replace_norms(model: torch.nn.Module, *, only: str | None = None,
             without a word and are not counted as left.
         strict: raise instead of warning where anything norm-like would be left. The check
             comes before any change: a model that fails it is untouched.
+        memory_efficient: every module built gets ``memory_efficient=True``: in training,
+            autograd keeps each norm's output instead of its input (one activation of the
+            norm's size less per norm where the next layer keeps the output anyway). Modules
+            that are ours already are not changed.
 
     Returns:
         A :class:`SwapSummary`: the ``int`` number of modules swapped, with ``swapped`` and
@@ -439,7 +444,7 @@ def replace_norms(model: torch.nn.Module, *, only: str | None = None,
 
     Raises:
         TypeError: ``model`` is not a ``torch.nn.Module``; ``only`` is not a str or None;
-            ``strict`` is not a bool.
+            ``strict`` or ``memory_efficient`` is not a bool.
         ValueError: ``only`` is not "rms" or "layer"; ``model`` is itself norm-like (it cannot
             be swapped in place: build ours directly, or swap inside a container); with
             ``strict=True``, a norm-like module would be left (the message names each, and
@@ -453,6 +458,9 @@ def replace_norms(model: torch.nn.Module, *, only: str | None = None,
         raise ValueError(f"only must be None, 'rms' or 'layer', got {only!r}")
     if not isinstance(strict, bool):
         raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
+    if not isinstance(memory_efficient, bool):
+        raise TypeError(f"memory_efficient must be a bool, got "
+                        f"{type(memory_efficient).__name__}")
     if _norm_like(model):
         raise ValueError(f"model is itself a {type(model).__qualname__}, which cannot be "
                          "swapped in place: build layernorm.torch's module directly, or call "
@@ -477,7 +485,7 @@ def replace_norms(model: torch.nn.Module, *, only: str | None = None,
     if strict and left:
         raise ValueError(f"replace_norms(strict=True) would leave {len(left)} norm-like "
                          f"module(s) in place, so it changed nothing: {_listing(left)}")
-    new = {key: _ours(old) for key, old in chosen.items()}
+    new = {key: _ours(old, memory_efficient) for key, old in chosen.items()}
     swapped: dict[str, int] = {}
     for old in chosen.values():
         swapped[type(old).__name__] = swapped.get(type(old).__name__, 0) + 1

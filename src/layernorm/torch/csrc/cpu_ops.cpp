@@ -1,4 +1,5 @@
-// The CPU kernels of the ops layernorm::fwd, layernorm::bwd and layernorm::norm.
+// The CPU kernels of the ops layernorm::fwd, layernorm::bwd and layernorm::norm, and of the
+// memory-efficient pair layernorm::fwd_y and layernorm::bwd_y.
 //
 // The arithmetic is the project's Numba kernels (layernorm/cpu/kernels.py) compiled as C
 // functions (layernorm/cpu/entry.py), the same machine code the NumPy API runs. This file
@@ -16,13 +17,18 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <limits>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -41,12 +47,19 @@ using BackwardFn = void (*)(const void* x, const void* dy, const void* dh, void*
                             const uint64_t* check, int64_t flags, double* partial, bool* ok,
                             int64_t m, int64_t d, int64_t dhc, int64_t drc, int64_t mc,
                             int64_t c, int64_t c0, int64_t c1);
+// The memory-efficient backward: xhat recovered from y as (y - shift) / scale, except on the
+// k channels `keep` names, read from `kept` (m, k); scale and shift (d,) in T.
+using BackwardYFn = void (*)(const void* y, const void* dy, const void* dh, void* dx, void* dr,
+                             const void* a, const void* scale, const void* shift,
+                             const int64_t* keep, const void* kept, const double* stats,
+                             int64_t flags, double* partial, int64_t m, int64_t d, int64_t dhc,
+                             int64_t drc, int64_t k, int64_t c, int64_t c0, int64_t c1);
 using ReduceFn = void (*)(const double* partial, double* out, int64_t c, int64_t d);
 using ResolveFn = int64_t (*)(const char* request);
 
 // Set by _setup from layernorm.cpu (entry.OPENMP_SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
-// kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED, kernels.ZERO_CENTERED); the pool's
-// cap below.
+// kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED, kernels.ZERO_CENTERED, the statistics'
+// columns kernels.HI, LO, RSTD, SCALE) and layernorm.recovery.MARGIN; the pool's cap below.
 struct Config {
   ResolveFn resolve = nullptr;
   int64_t serial_elements = 1;
@@ -55,6 +68,8 @@ struct Config {
   int64_t nstats = 1;
   int64_t centred = 1;
   int64_t zero_centered = 1;
+  double margin = 4.0;
+  int64_t hi = 0, lo = 1, rstd = 2, scale = 3;
 };
 Config g_config;
 std::mutex g_mutex;
@@ -75,19 +90,20 @@ const char* name(ScalarType t) {
 // A kernel's roles, in the order the request names them; kNone for an absent tensor.
 constexpr ScalarType kNone = ScalarType::Undefined;
 
-// One integer per (kind, dtype of each role): the cache's key.
-int64_t code(int64_t kind, std::initializer_list<ScalarType> dtypes) {
-  int64_t c = kind;
+// One integer per (kind, dtype of each role): the cache's key. A kind is told by its first
+// letter and its length ("backward" and "backward_y" share the letter).
+int64_t code(const char* kind, std::initializer_list<ScalarType> dtypes) {
+  int64_t c = static_cast<int64_t>(kind[0]) + 256 * static_cast<int64_t>(std::strlen(kind));
   for (ScalarType t : dtypes) c = c * 64 + static_cast<int64_t>(t) + 1;
   return c;
 }
 
-// The compiled kernel of `kind` ("forward", "backward" or "reduce") for the dtypes of its
-// roles. Python compiles it on first use; the lock is not held while Python runs (Python
-// holds the GIL and may be waiting for this lock on another thread).
+// The compiled kernel of `kind` ("forward", "backward", "backward_y" or "reduce") for the
+// dtypes of its roles. Python compiles it on first use; the lock is not held while Python runs
+// (Python holds the GIL and may be waiting for this lock on another thread).
 void* kernel(const char* kind, std::initializer_list<const char*> roles,
              std::initializer_list<ScalarType> dtypes) {
-  const int64_t key = code(kind[0], dtypes);
+  const int64_t key = code(kind, dtypes);
   ResolveFn resolve;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
@@ -196,11 +212,12 @@ Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {
 
 void setup(int64_t resolve, int64_t serial_elements, int64_t rows_per_chunk,
            int64_t max_chunks, int64_t nstats, int64_t centred, int64_t zero_centered,
-           int64_t pool_bytes) {
+           int64_t pool_bytes, double margin, int64_t hi, int64_t lo, int64_t rstd,
+           int64_t scale) {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_config = {reinterpret_cast<ResolveFn>(resolve), serial_elements, rows_per_chunk,
-                max_chunks, nstats, centred, zero_centered};
+                max_chunks, nstats, centred, zero_centered, margin, hi, lo, rstd, scale};
     g_kernels.clear();
   }
   std::lock_guard<std::mutex> lock(g_pool_mutex);
@@ -392,6 +409,177 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
   return {dx, dres, dw, db};
 }
 
+// --- the memory-efficient pair -----------------------------------------------------------
+// fwd_y: the forward, then keep and kept. keep (k,) int64 is layernorm.recovery's rule on the
+// scale and shift as the kernel formed them in T (weight, or 1 + weight, ones without it; bias,
+// zeros without it), compared in float64 against y's dtype's smallest normal (tiny) and
+// largest numbers:
+//   recovered  <=>  MARGIN |scale_j| >= |shift_j| + tiny  and  |scale_j| sqrt(D) + |shift_j| <=
+//                   largest / 2
+// and kept (M, k) is xhat of the other channels from the statistics, in float64 rounded to T:
+// ((x SCALE - HI) - LO) RSTD.
+
+std::pair<double, double> limits(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float:
+      return {std::numeric_limits<float>::min(), std::numeric_limits<float>::max()};
+    case ScalarType::Double:
+      return {std::numeric_limits<double>::min(), std::numeric_limits<double>::max()};
+    case ScalarType::Half:
+      return {static_cast<double>(std::numeric_limits<at::Half>::min()),
+              static_cast<double>(std::numeric_limits<at::Half>::max())};
+    case ScalarType::BFloat16:
+      return {static_cast<double>(std::numeric_limits<at::BFloat16>::min()),
+              static_cast<double>(std::numeric_limits<at::BFloat16>::max())};
+    default: TORCH_CHECK_TYPE(false, "layernorm: no CPU kernel for dtype ", t);
+  }
+}
+
+// (D,) the channels whose xhat the forward keeps, ascending.
+Tensor keep_of(const OptTensor& weight, const OptTensor& bias, bool zero_centered_gamma,
+               ScalarType cdt, ScalarType ydt, int64_t d, const at::TensorOptions& options) {
+  const auto [tiny, largest] = limits(ydt);
+  const double root = std::sqrt(static_cast<double>(d));
+  const double margin = g_config.margin;
+  auto recovered = [&](double s, double b) {
+    return margin * s >= b + tiny && s * root + b <= largest / 2;  // NaN: false, kept
+  };
+  std::vector<int64_t> keep;
+  if (!weight.has_value() && !bias.has_value()) {  // scale 1, shift 0: all or none
+    if (!recovered(1.0, 0.0)) {
+      keep.resize(d);
+      for (int64_t j = 0; j < d; ++j) keep[j] = j;
+    }
+  } else {
+    const Tensor s = weight.has_value()
+                         ? scale_of(weight, d, cdt, zero_centered_gamma).to(at::kDouble).contiguous()
+                         : at::ones({d}, options.dtype(at::kDouble));
+    const Tensor b = bias.has_value() ? bias->to(cdt).to(at::kDouble).contiguous()
+                                      : at::zeros({d}, options.dtype(at::kDouble));
+    const double* sp = s.const_data_ptr<double>();
+    const double* bp = b.const_data_ptr<double>();
+    for (int64_t j = 0; j < d; ++j) {
+      if (!recovered(std::abs(sp[j]), std::abs(bp[j]))) keep.push_back(j);
+    }
+  }
+  Tensor out = at::empty({static_cast<int64_t>(keep.size())}, options.dtype(at::kLong));
+  if (!keep.empty()) std::copy(keep.begin(), keep.end(), out.mutable_data_ptr<int64_t>());
+  return out;
+}
+
+// kept (M, k) in cdt: xhat of the channels `keep` of the rows xn (M, D), from the statistics.
+Tensor kept_of(const Tensor& xn, const Tensor& stats, const Tensor& keep, ScalarType cdt) {
+  const int64_t d = xn.size(-1), m = xn.numel() / d;
+  if (keep.numel() == 0) return at::empty({m, 0}, xn.options().dtype(cdt));
+  const Tensor cols = xn.reshape({m, d}).index_select(1, keep).to(at::kDouble);  // (M, k)
+  auto column = [&](int64_t c) { return stats.select(1, c).unsqueeze(1); };  // (M, 1)
+  const Tensor xhat = ((cols * column(g_config.scale) - column(g_config.hi)) -
+                       column(g_config.lo)) *
+                      column(g_config.rstd);
+  return xhat.to(cdt);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> fwd_y_cpu(
+    const Tensor& x, const OptTensor& residual, const OptTensor& weight,
+    const OptTensor& bias, double eps, bool centred, bool zero_centered_gamma,
+    std::optional<ScalarType> h_dtype) {
+  auto [y, h, stats] = forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                               h_dtype, true);
+  const bool add = residual.has_value();
+  const ScalarType cdt = compute(add ? h_dtype.value_or(x.scalar_type()) : x.scalar_type());
+  const int64_t d = x.size(-1);
+  Tensor keep = keep_of(weight, bias, zero_centered_gamma, cdt, x.scalar_type(), d, x.options());
+  Tensor kept = kept_of(add ? h : x, stats, keep, cdt);
+  return {y, h, stats, at::empty({stats.size(0), 0}, x.options().dtype(at::kLong)), keep, kept};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
+    const Tensor& dy, const OptTensor& dh, const Tensor& y, const OptTensor& weight,
+    const OptTensor& bias, const Tensor& stats0, const Tensor& stats1, const Tensor& keep,
+    const Tensor& kept, bool centred, bool zero_centered_gamma,
+    std::optional<ScalarType> x_dtype, std::optional<ScalarType> residual_dtype) {
+  TORCH_CHECK(y.dim() >= 1 && y.size(-1) >= 1, "layernorm: y must be (..., D) with D >= 1, got ",
+              y.sizes());
+  const int64_t d = y.size(-1), m = y.numel() / d;
+  check_cpu(y, "y");
+  check_like(dy, y, "dy", "y");
+  if (dh.has_value()) check_like(*dh, y, "dh", "y");
+  check_param(weight, d, "weight");
+  check_param(bias, d, "bias");
+  check_cpu(stats0, "stats0");
+  TORCH_CHECK_VALUE(stats0.dim() == 2 && stats0.size(0) == m &&
+                        stats0.size(1) == g_config.nstats &&
+                        stats0.scalar_type() == ScalarType::Double,
+                    "layernorm: stats0 must be the forward's (M, ", g_config.nstats,
+                    ") float64 statistics for M = ", m, ", got ", stats0.sizes(), " ",
+                    stats0.scalar_type());
+  check_cpu(keep, "keep");
+  check_cpu(kept, "kept");
+  TORCH_CHECK_VALUE(keep.dim() == 1 && keep.scalar_type() == ScalarType::Long,
+                    "layernorm: keep must be the forward's (k,) int64 channels, got ",
+                    keep.sizes(), " ", keep.scalar_type());
+  const int64_t k = keep.size(0);
+  const ScalarType cdt = kept.scalar_type();
+  TORCH_CHECK_VALUE(kept.dim() == 2 && kept.size(0) == m && kept.size(1) == k &&
+                        (cdt == ScalarType::Float || cdt == ScalarType::Double),
+                    "layernorm: kept must be the forward's (M, k) = (", m, ", ", k,
+                    ") float32 or float64 xhat, got ", kept.sizes(), " ", cdt);
+  const Tensor keepc = keep.contiguous();
+  if (k > 0) {  // the kernel indexes rows of y by these: none may fall outside them
+    const auto [lo, hi] = at::aminmax(keepc);
+    TORCH_CHECK_VALUE(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < d,
+                      "layernorm: keep must hold channels in [0, ", d, ")");
+  }
+  const ScalarType ydt = y.scalar_type();
+  const ScalarType dxdt = x_dtype.value_or(ydt);
+  const bool add = residual_dtype.has_value();
+  const Tensor yc = y.contiguous();
+  const Tensor stats = stats0.contiguous();
+  const Tensor keptc = kept.contiguous();
+  const Tensor scale = scale_of(weight, d, cdt, zero_centered_gamma);
+  const Tensor shift = bias.has_value() ? in_dtype(*bias, cdt) : at::zeros({d}, y.options().dtype(cdt));
+  const Tensor dyc = in_dtype(dy, cdt);
+  Tensor dx = output(y.sizes(), y.options().dtype(dxdt));
+  Tensor dres = at::empty({0}, y.options());
+  const ScalarType adt = widest(dxdt, residual_dtype.value_or(dxdt), cdt);  // as bwd_cpu
+  if (add) dres = output(y.sizes(), y.options().dtype(*residual_dtype));
+  const bool with_dh = dh.has_value();
+  const Tensor dhc = with_dh ? in_dtype(*dh, adt) : Tensor();
+  const int64_t c = n_chunks(m);
+  Tensor partial = at::empty({c, 2, d}, y.options().dtype(at::kDouble));
+  auto fn = reinterpret_cast<BackwardYFn>(
+      kernel("backward_y", {"y", "dy", "dh", "dx", "dr", "t", "a"},
+             {ydt, dyc.scalar_type(), with_dh ? dhc.scalar_type() : kNone, dxdt,
+              add ? *residual_dtype : kNone, cdt, adt}));
+  auto reduce = reinterpret_cast<ReduceFn>(kernel("reduce", {}, {}));
+  Tensor sums = at::zeros({2, d}, y.options().dtype(at::kDouble));
+  if (m > 0) {
+    const void* yp = yc.const_data_ptr();
+    const void* dyp = dyc.const_data_ptr();
+    const void* dhp = with_dh ? dhc.const_data_ptr() : nullptr;
+    void* dxp = dx.mutable_data_ptr();
+    void* drp = add ? dres.mutable_data_ptr() : nullptr;
+    const void* sp = scale.const_data_ptr();
+    const void* bp = shift.const_data_ptr();
+    const int64_t* kp = k > 0 ? keepc.const_data_ptr<int64_t>() : nullptr;
+    const void* kdp = k > 0 ? keptc.const_data_ptr() : nullptr;
+    const double* stp = stats.const_data_ptr<double>();
+    double* pp = partial.mutable_data_ptr<double>();
+    const int64_t flags = centred ? g_config.centred : 0;
+    const int64_t chunk_grain = m * d < g_config.serial_elements ? c : 1;
+    at::parallel_for(0, c, chunk_grain, [&](int64_t c0, int64_t c1) {
+      fn(yp, dyp, dhp, dxp, drp, nullptr, sp, bp, kp, kdp, stp, flags, pp, m, d,
+         with_dh ? d : 0, add ? d : 0, k, c, c0, c1);
+    });
+    reduce(pp, sums.mutable_data_ptr<double>(), c, d);
+  }
+  Tensor dw = weight.has_value() ? sums[0].to(weight->scalar_type(), false, true)
+                                 : at::empty({0}, y.options());
+  Tensor db = bias.has_value() ? sums[1].to(bias->scalar_type(), false, true)
+                               : at::empty({0}, y.options());
+  return {dx, dres, dw, db};
+}
+
 // --- autograd ------------------------------------------------------------------------------
 // The ops' autograd on CPU tensors in C++, as layernorm/torch/_ops.py has it in Python for
 // CUDA (and for the CPU where this operator cannot be built): a training step's call then
@@ -502,6 +690,89 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
   }
 };
 
+// The memory-efficient forward's autograd, as _setup_context_y and _backward_y in _ops.py: it
+// saves y (the output itself, watched by its version counter), the parameters, the statistics,
+// keep and kept, never x or h; its backward is layernorm::bwd_y, and cannot be differentiated.
+using FwdYSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
+    const Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, double, bool, bool,
+    std::optional<ScalarType>);
+using BwdYSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
+    const Tensor&, const OptTensor&, const Tensor&, const OptTensor&, const OptTensor&,
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, bool,
+    std::optional<ScalarType>, std::optional<ScalarType>);
+
+struct NormYFunction : public torch::autograd::Function<NormYFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const OptTensor& residual,
+                               const OptTensor& weight, const OptTensor& bias, double eps,
+                               bool centred, bool zero_centered_gamma,
+                               std::optional<ScalarType> h_dtype) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("layernorm::fwd_y", "")
+                         .typed<FwdYSig>();
+    Tensor y, h, s0, s1, keep, kept;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(y, h, s0, s1, keep, kept) =
+          op.call(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype);
+    }
+    const bool add = residual.has_value();
+    ctx->save_for_backward({y, weight.value_or(Tensor()), bias.value_or(Tensor()), s0, s1, keep,
+                            kept});
+    ctx->saved_data["centred"] = centred;
+    ctx->saved_data["zcg"] = zero_centered_gamma;
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["r_dtype"] = add ? static_cast<int64_t>(residual->scalar_type()) : -1;
+    ctx->mark_non_differentiable({s0, s1, keep, kept});
+    ctx->set_materialize_grads(false);
+    return {y, h, s0, s1, keep, kept};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("layernorm::bwd_y", "")
+                         .typed<BwdYSig>();
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &y = saved[0], &weight = saved[1], &bias = saved[2];
+    const bool centred = ctx->saved_data["centred"].toBool();
+    const bool zcg = ctx->saved_data["zcg"].toBool();
+    const auto x_dtype = static_cast<ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const int64_t r = ctx->saved_data["r_dtype"].toInt();
+    const std::optional<ScalarType> r_dtype =
+        r < 0 ? std::nullopt : std::optional<ScalarType>(static_cast<ScalarType>(r));
+    Tensor dy = grads[0];
+    const Tensor dh = r_dtype.has_value() ? grads[1] : Tensor();
+    variable_list out(8);
+    if (!dy.defined() && !dh.defined()) return out;
+    // the second derivative needs rstd's and the kept xhat's dependence on x, which is not kept
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "layernorm: the backward of a memory_efficient=True norm cannot be "
+                "differentiated (create_graph=True, double backward, torch.func.grad): it "
+                "keeps y, not the input whose statistics the second derivative "
+                "differentiates; use memory_efficient=False");
+    const bool shared = r_dtype.has_value() && *r_dtype == x_dtype;
+    if (!dy.defined()) dy = at::zeros_like(y);
+    Tensor dx, dres, dw, db;
+    std::tie(dx, dres, dw, db) =
+        op.call(dy, given(dh), y, given(weight), given(bias), saved[3], saved[4], saved[5],
+                saved[6], centred, zcg, x_dtype, shared ? std::nullopt : r_dtype);
+    if (shared) dres = dx;
+    out[0] = dx;
+    if (r_dtype.has_value()) out[1] = dres;
+    if (weight.defined()) out[2] = dw;
+    if (bias.defined()) out[3] = db;
+    return out;
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> fwd_y_autograd(
+    const Tensor& x, const OptTensor& residual, const OptTensor& weight,
+    const OptTensor& bias, double eps, bool centred, bool zero_centered_gamma,
+    std::optional<ScalarType> h_dtype) {
+  auto out = NormYFunction::apply(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                                  h_dtype);
+  return {out[0], out[1], out[2], out[3], out[4], out[5]};
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_autograd(
     const Tensor& x, const OptTensor& residual, const OptTensor& weight,
     const OptTensor& bias, double eps, bool centred, bool zero_centered_gamma,
@@ -515,7 +786,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_autograd(
 
 TORCH_LIBRARY_FRAGMENT(layernorm_cpu, m) {
   m.def("_setup(int resolve, int serial_elements, int rows_per_chunk, int max_chunks, "
-        "int nstats, int centred, int zero_centered, int pool_bytes) -> ()",
+        "int nstats, int centred, int zero_centered, int pool_bytes, float margin, int hi, "
+        "int lo, int rstd, int scale) -> ()",
         setup);
   m.def("_pool_bytes() -> int", pool_bytes);
   m.def("_n_chunks(int m) -> int", n_chunks);
@@ -525,6 +797,11 @@ TORCH_LIBRARY_IMPL(layernorm, CPU, m) {
   m.impl("fwd", fwd_cpu);
   m.impl("bwd", bwd_cpu);
   m.impl("norm", norm_cpu);
+  m.impl("fwd_y", fwd_y_cpu);
+  m.impl("bwd_y", bwd_y_cpu);
 }
 
-TORCH_LIBRARY_IMPL(layernorm, AutogradCPU, m) { m.impl("fwd", fwd_autograd); }
+TORCH_LIBRARY_IMPL(layernorm, AutogradCPU, m) {
+  m.impl("fwd", fwd_autograd);
+  m.impl("fwd_y", fwd_y_autograd);
+}
