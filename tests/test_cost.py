@@ -3,6 +3,7 @@ the arrays a call reads and writes; and with the FLOPs and passes counted by han
 
 from __future__ import annotations
 
+import math
 import tracemalloc
 
 import numpy as np
@@ -102,11 +103,11 @@ def test_cache_nbytes_equals_model(name, dtype, gamma):
 
 
 def _memory_efficient_call(name, shape, dt, weights):
-    """A memory-efficient reference call's arguments, its cotangents and the number of
-    channels the rule keeps. ``weights``: "none" (no gamma, no beta: nothing kept),
-    "ordinary" (gamma = 1 + N(0, 0.1^2), beta = N(0, 0.1^2): nothing kept) or "zeros" (random
-    gamma and beta, every other gamma 0: those kept, and some channels where |beta| > 4|gamma|
-    too)."""
+    """A memory-efficient reference call's arguments and its cotangents. ``weights``: "none"
+    (no gamma, no beta: nothing kept), "ordinary" (gamma = 1 + N(0, 0.1^2),
+    beta = N(0, 0.1^2): nothing kept) or "zeros" (random gamma and beta, every other gamma 0:
+    those channels kept, and some where |beta| > 4|gamma| too; the first quarter of the rows
+    constant (h's, for an add-norm): var = 0 < eps, so kept whole under LayerNorm's beta)."""
     args, cot = _call(name, shape, dt, weights != "none")
     nm = NORMS[name]
     n_in = len(nm.forward_inputs)
@@ -117,6 +118,9 @@ def _memory_efficient_call(name, shape, dt, weights):
         args[n_in:] = [a.astype(dt) for a in args[n_in:]]
     elif weights == "zeros":
         args[n_in][::2] = 0
+        rows = math.prod(shape[:-1]) // 4
+        for i, a in enumerate(args[:n_in]):  # x, [residual]: C-contiguous, so these are views
+            a.reshape(-1, d)[:rows] = 1.5 if i == 0 else 0
     return args, cot
 
 
@@ -126,8 +130,10 @@ def _me_forward(name):
 
 
 def _kept(cache):
-    """The number of channels a memory-efficient cache keeps (the norm's, for an add-norm)."""
-    return len(getattr(cache, "norm", cache).keep)
+    """What a memory-efficient cache keeps (the norm's, for an add-norm), as the model's
+    arguments: the numbers of channels and of rows."""
+    norm = getattr(cache, "norm", cache)
+    return dict(kept=len(norm.keep), kept_rows=len(norm.rows))
 
 
 @pytest.mark.parametrize("name", list(NORMS))
@@ -137,20 +143,22 @@ def test_memory_efficient_cache_nbytes_equals_model(name, dtype, weights):
     """Protects the memory-efficient cache model of every norm: the OutputCache's nbytes is
     rstd (M), the copies of the scale (D, with gamma) and of the shift (D, with beta:
     LayerNorm's), the kept channels' int64 indices and their xhat (M·k) in the compute dtype,
-    exactly, with no channel kept and with some; y is not counted; an add-norm's cache holds
-    nothing more. And the default cache's size beside it, for the saving."""
+    and the rows kept whole (r·D, with their int64 indices), exactly, with nothing kept and
+    with some channels and rows; y is not counted; an add-norm's cache holds nothing more.
+    And the default cache's size beside it, for the saving."""
     dt = _dtype(dtype)
     args, _ = _memory_efficient_call(name, (3, 7, 34), dt, weights)
     *_, cache = _me_forward(name)(*args)
-    k = _kept(cache)
-    assert (k > 0) == (weights == "zeros")
+    kept = _kept(cache)
+    assert (kept["kept"] > 0) == (weights == "zeros")
+    assert (kept["kept_rows"] == 21 // 4) == (weights == "zeros" and NORMS[name].centred)
     affine = weights != "none"
     params = dict(norm=name, gamma=affine, beta=affine and NORMS[name].centred)
     model = cost.cost("fwd", 21, 34, np.dtype(dt).itemsize, **params, memory_efficient=True,
-                      kept=k)
+                      **kept)
     assert cache.nbytes == model.cache_bytes
     assert cache.nbytes == cost.cache_bytes(21, 34, np.dtype(dt).itemsize, **params,
-                                            memory_efficient=True, kept=k)
+                                            memory_efficient=True, **kept)
     *_, default = _functions(name)[0](*args)
     assert default.nbytes == model.default_cache_bytes
     assert model.cache_saved_bytes == default.nbytes - cache.nbytes
@@ -166,8 +174,8 @@ def test_memory_efficient_peak_memory_matches_model(name, dtype, weights, shape)
     (which still forms the whole xhat, then gathers the kept channels) and backward (t = y -
     beta and dy·t in float64, g and the rounded xhat, the kept channels' products) within
     PEAK_SLACK of the model, and the temporaries (peak less what is returned: y, h and the
-    OutputCache forward) too; with half the channels kept, whose (M, k) arrays the model must
-    count to stay within the slack."""
+    OutputCache forward) too; with half the channels and (LayerNorms) a quarter of the rows
+    kept, whose (M, k) and (r, D) arrays the model must count to stay within the slack."""
     dt = _dtype(dtype)
     m, d = shape
     item = np.dtype(dt).itemsize
@@ -176,10 +184,10 @@ def test_memory_efficient_peak_memory_matches_model(name, dtype, weights, shape)
     beta = affine and NORMS[name].centred
 
     peak_f, (*outs, cache) = _peak(_me_forward(name), *args)
-    k = _kept(cache)
-    assert (k >= d // 2) == affine
+    kept = _kept(cache)
+    assert (kept["kept"] >= d // 2) == affine and (kept["kept_rows"] == m // 4) == beta
     model_f = cost.cost("fwd", m, d, item, norm=name, gamma=affine, beta=beta,
-                        memory_efficient=True, kept=k)
+                        memory_efficient=True, **kept)
     assert abs(peak_f - model_f.reference_peak_bytes) <= PEAK_SLACK * model_f.reference_peak_bytes
     returned = sum(o.nbytes for o in outs) + cache.nbytes
     assert abs((peak_f - returned) - model_f.reference_temporary_bytes) \
@@ -187,7 +195,7 @@ def test_memory_efficient_peak_memory_matches_model(name, dtype, weights, shape)
 
     peak_b, grads = _peak(_functions(name)[1], *cot, cache)
     model_b = cost.cost("bwd", m, d, item, norm=name, gamma=affine, beta=beta,
-                        memory_efficient=True, kept=k)
+                        memory_efficient=True, **kept)
     assert abs(peak_b - model_b.reference_peak_bytes) <= PEAK_SLACK * model_b.reference_peak_bytes
     n_out = len(NORMS[name].backward_outputs)
     returned = sum(g.nbytes for g in grads[:n_out])
@@ -200,29 +208,31 @@ def test_memory_efficient_peak_memory_matches_model(name, dtype, weights, shape)
 def test_memory_efficient_minimal_bytes_are_the_arrays_a_call_reads_and_writes(name, pass_):
     """Protects the minimal bytes of the memory-efficient mode against the API: the backward
     reads y (the cache's) where the default reads x (h), and the forward writes, the backward
-    reads, the kept channels' xhat (M·k, compute dtype); with extras, rstd alone (no mean) and
-    the kept channels' int64 indices besides the parameters (beta, the shift, read backward)."""
+    reads, the kept channels' and rows' xhat (M·k and r·D, compute dtype); with extras, rstd
+    alone (no mean) and their int64 indices besides the parameters (beta, the shift, read
+    backward)."""
     nm = NORMS[name]
     m, d = 6, 40
     args, cot = _memory_efficient_call(name, (m, d), np.float32, "zeros")
     fwd, bwd = _me_forward(name), _functions(name)[1]
     *outs, cache = fwd(*args)
     norm_cache = getattr(cache, "norm", cache)
-    k = _kept(cache)
     grads = bwd(*cot, cache)
     n_in = len(nm.forward_inputs)
+    kept = [norm_cache.xhat_kept, norm_cache.xhat_rows]
     if pass_ == "fwd":
-        arrays = [*args[:n_in], *outs, norm_cache.xhat_kept]  # x, [residual]; y, [h]; kept
+        arrays = [*args[:n_in], *outs, *kept]  # x, [residual]; y, [h]; what is kept
         params = sum(p.nbytes for p in args[n_in:])
     else:
-        # y, dy, [dh]; dx, [dresidual]; the kept xhat
-        arrays = [norm_cache.y, *cot, *grads[:len(nm.backward_outputs)], norm_cache.xhat_kept]
+        # y, dy, [dh]; dx, [dresidual]; what is kept
+        arrays = [norm_cache.y, *cot, *grads[:len(nm.backward_outputs)], *kept]
         params = sum(p.nbytes for p in args[n_in:]) + sum(g.nbytes for g in grads[-len(
             nm.params):])
-    mode = dict(norm=name, memory_efficient=True, kept=k)
+    mode = dict(norm=name, memory_efficient=True, **_kept(cache))
     assert cost.minimal_bytes(pass_, m, d, 4, **mode) == sum(a.nbytes for a in arrays)
+    indices = norm_cache.keep.nbytes + norm_cache.rows.nbytes
     assert cost.minimal_bytes(pass_, m, d, 4, extras=True, **mode) == \
-        sum(a.nbytes for a in arrays) + params + norm_cache.rstd.nbytes + norm_cache.keep.nbytes
+        sum(a.nbytes for a in arrays) + params + norm_cache.rstd.nbytes + indices
     assert cost.minimal_bytes(pass_, m, d, 4, norm=name, memory_efficient=True) == \
         cost.minimal_bytes(pass_, m, d, 4, norm=name)  # y is x's size
 
@@ -235,7 +245,8 @@ def test_memory_efficient_flops_and_reference_passes():
     dy·xhat, its column and row sums and (dy·xhat)·scale (28 bytes per element) and adds t = y
     in float64 and t - beta, dy·t, its sums, t / scale, xhat rounded from t (92): 36 float32
     arrays; per kept channel and row, 88 bytes more (dy there, xhat in float64, their product,
-    its sum, times the scale, written back; the kept xhat written into the recovered one)."""
+    its sum, times the scale, written back; the kept xhat written into the recovered one); per
+    element of a row kept whole, 68 (REFERENCE_KEPT_ROW_PASSES)."""
     for name, per_element in {"layer_norm": 12, "rms_norm": 8, "add_layer_norm": 13,
                               "add_rms_norm": 9}.items():
         for pass_ in ("fwd", "bwd"):
@@ -255,11 +266,18 @@ def test_memory_efficient_flops_and_reference_passes():
     assert kept.reference_bytes - me.reference_bytes == 88 * m * k
     fwd = cost.cost("fwd", m, d, 4, memory_efficient=True, kept=k)
     assert fwd.reference_bytes == cost.cost("fwd", m, d, 4).reference_bytes + 8 * m * k
+    # per element of a row kept whole: its xhat into t in float64 (12 bytes), t *= scale there
+    # as a gather, the product and a scatter (48), its xhat into the recovered xhat (8)
+    rows = cost.cost("bwd", m, d, 4, memory_efficient=True, kept_rows=3)
+    assert rows.reference_bytes - me.reference_bytes == 68 * 3 * d
+    assert cost.cost("fwd", m, d, 4, memory_efficient=True, kept_rows=3).reference_bytes == \
+        cost.cost("fwd", m, d, 4).reference_bytes + 8 * 3 * d
 
 
 def test_memory_efficient_saving():
     """Protects the derived figures: the saving is the default cache less the memory-efficient
-    one, (M·D - M·k)·c - (D·c for LayerNorm's shift) - 8·k; nothing in the default mode; and
+    one, (M·D - M·k - r·D)·c - (D·c for LayerNorm's shift) - 8·(k + r); nothing in the default
+    mode; and
     the backward's peak grows by what the recovery holds (t and dy·t in float64)."""
     c = cost.cost("fwd", 4096, 4096, 4, memory_efficient=True)
     assert c.cache_bytes == (4096 + 2 * 4096) * 4
@@ -268,6 +286,8 @@ def test_memory_efficient_saving():
     rms = cost.cost("fwd", 4096, 4096, 2, norm="rms_norm", memory_efficient=True, kept=10)
     assert rms.cache_bytes == (4096 + 4096 + 4096 * 10) * 4 + 8 * 10
     assert cost.cost("fwd", 4096, 4096, 4).cache_saved_bytes == 0
+    rows = cost.cost("fwd", 4096, 4096, 4, memory_efficient=True, kept_rows=2)
+    assert rows.cache_bytes == (4096 + 2 * 4096 + 2 * 4096) * 4 + 8 * 2
     assert cost.cost("fwd", 0, 8, 4, gamma=False).cache_saved_fraction == 0.0
     default, me = (cost.cost("bwd", 4096, 4096, 4, memory_efficient=e) for e in (False, True))
     assert me.reference_peak_bytes - default.reference_peak_bytes == 16 * 4096 * 4096
@@ -383,8 +403,10 @@ def test_bad_arguments():
 
 def test_bad_memory_efficient_arguments():
     """Protects clear errors for the mode's arguments, each naming it: kept an integer in
-    [0, D] (it counts channels), only with memory_efficient=True (the default mode keeps xhat
-    whole: a nonzero kept there is a mistake, not ignored); memory_efficient a bool."""
+    [0, D] (it counts channels) and kept_rows one in [0, M], only with memory_efficient=True
+    (the default mode keeps xhat whole: a nonzero count there is a mistake, not ignored), and
+    kept_rows only with beta (rows are kept whole only under a shift); memory_efficient a
+    bool."""
     with pytest.raises(TypeError, match="kept must be an integer"):
         cost.cost("fwd", 8, 16, 4, memory_efficient=True, kept=2.0)
     with pytest.raises(ValueError, match="kept must be >= 0, got -1"):
@@ -398,6 +420,20 @@ def test_bad_memory_efficient_arguments():
     with pytest.raises(TypeError, match="memory_efficient must be a bool"):
         cost.cost("fwd", 8, 16, 4, memory_efficient="yes")
     assert cost.cost("fwd", 8, 16, 4, memory_efficient=np.True_, kept=np.int64(16)).kept == 16
+    with pytest.raises(ValueError, match="kept_rows must be >= 0, got -1"):
+        cost.cost("fwd", 8, 16, 4, memory_efficient=True, kept_rows=-1)
+    with pytest.raises(ValueError, match="kept_rows must be <= M = 8"):
+        cost.cost("fwd", 8, 16, 4, memory_efficient=True, kept_rows=9)
+    with pytest.raises(ValueError, match="kept_rows .* needs memory_efficient=True"):
+        cost.cost("bwd", 8, 16, 4, kept_rows=1)
+    for call in (lambda: cost.cost("fwd", 8, 16, 4, norm="rms_norm", memory_efficient=True,
+                                   kept_rows=1),
+                 lambda: cost.cost("fwd", 8, 16, 4, beta=False, memory_efficient=True,
+                                   kept_rows=1),
+                 lambda: cost.minimal_bytes("fwd", 8, 16, 4, affine=False,
+                                            memory_efficient=True, kept_rows=1)):
+        with pytest.raises(ValueError, match="kept_rows needs beta"):
+            call()
     assert cost.cost("fwd", 8, 16, 4, kept=0) == cost.cost("fwd", 8, 16, 4)
 
 

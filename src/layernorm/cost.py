@@ -35,15 +35,18 @@ The memory-efficient mode (``memory_efficient=True``, keeping the xhat of ``kept
 channels, :func:`layernorm.recovery.kept_channels`) changes what crosses from forward to
 backward: the backward reads y where the default reads x (h), as many bytes in the model's
 one dtype (y is in x's dtype, h in residual_dtype), and the forward writes, the backward
-reads, the kept channels' xhat, M·k·c bytes more each way; the statistics are rstd alone, and
-the k int64 indices are extras too. The reference's backward recovers xhat from y:
-``REFERENCE_PASSES`` has its passes, in float64 where it forms t = y - beta and dy·t, and
-``REFERENCE_KEPT_PASSES`` those over the (M, k) kept channels.
+reads, the kept channels' xhat, M·k·c bytes more each way (and r·D·c for the r rows kept
+whole, ``kept_rows``: rows with var < eps under a non-zero beta); the statistics are rstd
+alone, and the int64 indices of what is kept are extras too. The reference's backward
+recovers xhat from y: ``REFERENCE_PASSES`` has its passes, in float64 where it forms
+t = y - beta and dy·t, and ``REFERENCE_KEPT_PASSES`` and ``REFERENCE_KEPT_ROW_PASSES`` those
+over the (M, k) kept channels and the (r, D) kept rows.
 
 Memory. The reference's cache holds xhat (M·D), rstd (M) and a copy of the scale (D) in the
 compute dtype, for every norm: an add-norm's cache is the norm's cache of h and nothing more.
 The memory-efficient cache holds rstd (M), the copies of the scale (D) and of the shift (D,
-LayerNorm's beta), the k indices (8·k bytes) and the kept xhat (M·k): :func:`cache_bytes`.
+LayerNorm's beta), the k indices (8·k bytes) and the kept xhat (M·k), and as many for the r
+kept rows (8·r, r·D): :func:`cache_bytes`.
 Peak memory of a call is the most it has allocated at once, its results included, as
 counted in ``_reference_peak``; the temporaries are that peak less what the call returns.
 ``tests/test_cost.py`` checks both and the cache size against ``tracemalloc``, for every norm
@@ -66,6 +69,7 @@ from .family import Norm
 __all__ = [
     "FLOPS",
     "REFERENCE_KEPT_PASSES",
+    "REFERENCE_KEPT_ROW_PASSES",
     "REFERENCE_PASSES",
     "Cost",
     "cache_bytes",
@@ -185,6 +189,20 @@ REFERENCE_KEPT_PASSES: dict[str, list[tuple[str, str, str, frozenset[str]]]] = {
     ],
 }
 
+# And over the (r, D) arrays of the r rows kept whole (var < eps under a non-zero shift): the
+# forward gathers them from xhat; the backward writes them into t in float64 (times the scale
+# with gamma: a gather, the product and a scatter) and into the recovered xhat.
+REFERENCE_KEPT_ROW_PASSES: dict[str, list[tuple[str, str, str, frozenset[str]]]] = {
+    "fwd": [
+        ("gather xhat's kept rows", "c", "c", frozenset()),
+    ],
+    "bwd": [
+        ("kept rows' xhat into t, in float64", "c", "d", frozenset()),
+        ("t there *= scale (gather, multiply, scatter)", "ddd", "ddd", frozenset({"gamma"})),
+        ("kept rows' xhat written into the recovered xhat", "c", "c", frozenset()),
+    ],
+}
+
 
 def _check_pass(pass_: str) -> None:
     if pass_ not in ("fwd", "bwd"):
@@ -211,12 +229,16 @@ def _sizes(M: object, D: object, itemsize: object | None = None) -> tuple[int, .
     return (*sizes, int(itemsize))
 
 
-def _mode(memory_efficient: object, kept: object, D: int) -> tuple[bool, int]:
-    """``memory_efficient`` as a bool and ``kept`` as a Python int in [0, D].
+def _mode(memory_efficient: object, kept: object, kept_rows: object, M: int, D: int,
+          shift: bool) -> tuple[bool, int, int]:
+    """``memory_efficient`` as a bool, ``kept`` and ``kept_rows`` as Python ints in [0, D] and
+    [0, M].
 
     kept counts the channels whose xhat the memory-efficient forward keeps
-    (:func:`layernorm.recovery.kept_channels`); the default mode keeps xhat whole, so a
-    nonzero kept without ``memory_efficient`` is a mistake, not something to ignore.
+    (:func:`layernorm.recovery.kept_channels`), kept_rows the rows it keeps whole
+    (:func:`layernorm.recovery.kept_rows`: var < eps under a non-zero shift, so only with
+    beta). The default mode keeps xhat whole, so a nonzero count without
+    ``memory_efficient`` is a mistake, not something to ignore.
     """
     if not (isinstance(memory_efficient, bool) or (type(memory_efficient).__module__ == "numpy"
                                                    and type(memory_efficient).__name__
@@ -226,10 +248,17 @@ def _mode(memory_efficient: object, kept: object, D: int) -> tuple[bool, int]:
     k = _integer(kept, "kept", 0)
     if k > D:
         raise ValueError(f"kept must be <= D = {D} (it counts channels), got {k}")
-    if k and not memory_efficient:
-        raise ValueError(f"kept counts the channels the memory-efficient mode keeps: it needs "
-                         f"memory_efficient=True, got kept={k} without it")
-    return bool(memory_efficient), k
+    r = _integer(kept_rows, "kept_rows", 0)
+    if r > M:
+        raise ValueError(f"kept_rows must be <= M = {M} (it counts rows), got {r}")
+    for name, n, what in (("kept", k, "channels"), ("kept_rows", r, "rows")):
+        if n and not memory_efficient:
+            raise ValueError(f"{name} counts the {what} the memory-efficient mode keeps: it "
+                             f"needs memory_efficient=True, got {name}={n} without it")
+    if r and not shift:
+        raise ValueError(f"kept_rows needs beta: rows are kept whole only under a non-zero "
+                         f"shift, got kept_rows={r} without one")
+    return bool(memory_efficient), k, r
 
 
 def _facts(nm: Norm, gamma: bool, beta: bool, half: bool,
@@ -255,6 +284,7 @@ def _streams(pass_: str, nm: Norm) -> int:
 def minimal_bytes(
     pass_: str, M: int, D: int, itemsize: int, *, affine: bool = True, extras: bool = False,
     norm: str = "layer_norm", memory_efficient: bool = False, kept: int = 0,
+    kept_rows: int = 0,
 ) -> int:
     """Bytes a single fused pass must move.
 
@@ -271,24 +301,27 @@ def minimal_bytes(
         norm: the family member (a name from :data:`layernorm.family.NORMS`).
         memory_efficient: the memory-efficient mode: the backward reads y instead of x (h),
             as many bytes in the model's one dtype; the forward writes, and the backward
-            reads, the (M, kept) xhat of the kept channels in the compute dtype; with
-            ``extras`` the statistics are rstd alone (xhat is recovered from y, so the mean
-            is not needed), the kept channels' int64 indices are written and read too, and
-            beta, counted read in both passes in either mode, is what this backward
-            subtracts from y (the shift).
+            reads, the (M, kept) xhat of the kept channels and the (kept_rows, D) xhat of
+            the kept rows in the compute dtype; with ``extras`` the statistics are rstd
+            alone (xhat is recovered from y, so the mean is not needed), the kept channels'
+            and rows' int64 indices are written and read too, and beta, counted read in both
+            passes in either mode, is what this backward subtracts from y (the shift).
         kept: the number of kept channels, in [0, D]; only with ``memory_efficient``.
+        kept_rows: the number of rows kept whole, in [0, M]; only with ``memory_efficient``
+            and beta (``affine`` and a LayerNorm).
     """
     _check_pass(pass_)
     M, D, itemsize = _sizes(M, D, itemsize)
-    memory_efficient, kept = _mode(memory_efficient, kept, D)
     nm = family.norm(norm)
+    memory_efficient, kept, rows = _mode(memory_efficient, kept, kept_rows, M, D,
+                                         affine and nm.centred)
     total = _streams(pass_, nm) * M * D * itemsize
     if memory_efficient:
-        total += M * kept * _compute_itemsize(itemsize)
+        total += (M * kept + rows * D) * _compute_itemsize(itemsize)
     if extras:
         params = len(nm.params) * D * itemsize if affine else 0
         stats = (1 if memory_efficient else 2 if nm.centred else 1) * M * 4
-        total += params * (2 if pass_ == "bwd" else 1) + stats + 8 * kept
+        total += params * (2 if pass_ == "bwd" else 1) + stats + 8 * (kept + rows)
     return total
 
 
@@ -298,7 +331,7 @@ def flops(pass_: str, M: int, D: int, *, norm: str = "layer_norm", gamma: bool =
     :func:`cost`)."""
     _check_pass(pass_)
     M, D = _sizes(M, D)
-    memory_efficient, _ = _mode(memory_efficient, 0, D)
+    memory_efficient, *_ = _mode(memory_efficient, 0, 0, M, D, False)
     nm = family.norm(norm)
     facts = _facts(nm, gamma, _beta(nm, beta), half=False,  # FLOPs do not depend on it
                    memory_efficient=memory_efficient)
@@ -310,62 +343,68 @@ def _compute_itemsize(itemsize: int) -> int:
 
 
 def _reference_bytes(pass_: str, nm: Norm, M: int, D: int, itemsize: int, gamma: bool,
-                     beta: bool, memory_efficient: bool = False, kept: int = 0) -> int:
+                     beta: bool, memory_efficient: bool = False, kept: int = 0,
+                     kept_rows: int = 0) -> int:
     """Bytes the NumPy reference moves over (M, D) arrays, from REFERENCE_PASSES, and in the
-    memory-efficient mode over the (M, kept) arrays of the kept channels, from
-    REFERENCE_KEPT_PASSES."""
+    memory-efficient mode over the (M, kept) arrays of the kept channels and the
+    (kept_rows, D) arrays of the kept rows, from REFERENCE_KEPT_PASSES and
+    REFERENCE_KEPT_ROW_PASSES."""
     size = {"c": _compute_itemsize(itemsize), "s": itemsize, "d": 8}
     facts = _facts(nm, gamma, beta, itemsize == 2, memory_efficient)
 
-    def moved(passes: list[tuple[str, str, str, frozenset[str]]], columns: int) -> int:
-        return sum(sum(size[a] for a in reads + writes) * M * columns
+    def moved(passes: list[tuple[str, str, str, frozenset[str]]], elements: int) -> int:
+        return sum(sum(size[a] for a in reads + writes) * elements
                    for _, reads, writes, when in passes if when <= facts)
 
-    total = moved(REFERENCE_PASSES[pass_], D)
-    return total + (moved(REFERENCE_KEPT_PASSES[pass_], kept) if memory_efficient else 0)
+    total = moved(REFERENCE_PASSES[pass_], M * D)
+    if memory_efficient:
+        total += moved(REFERENCE_KEPT_PASSES[pass_], M * kept)
+        total += moved(REFERENCE_KEPT_ROW_PASSES[pass_], kept_rows * D)
+    return total
 
 
 def _reference_peak(pass_: str, nm: Norm, M: int, D: int, itemsize: int, gamma: bool,
-                    beta: bool, memory_efficient: bool = False, kept: int = 0) -> int:
+                    beta: bool, memory_efficient: bool = False, kept: int = 0,
+                    kept_rows: int = 0) -> int:
     """Peak bytes allocated during one reference call, beyond what existed before it.
 
     Forward: the working array that becomes xhat, plus either the squares or y (never both
     alive); half-precision inputs add the cast of y; an add-norm adds h, alive throughout.
     The memory-efficient forward forms the whole xhat all the same, then, while xhat and y
-    are alive, applies the recovery rule (a few float64 (D,) vectors) and gathers the
-    (M, kept) xhat of the kept channels and their int64 indices: above the default peak in
-    float32 and float64, where y is no cast, and below it in half precision, where the
-    compute dtype's y has been freed by then.
+    (in its own dtype by then) are alive, applies the recovery rules (a few float64 (D,) and
+    (M,) vectors) and gathers the (M, kept) xhat of the kept channels, the (kept_rows, D)
+    xhat of the kept rows and their int64 indices: above the default peak in float32 and
+    float64 as soon as anything is kept; in half precision only when the gathered arrays
+    outgrow the float32 y freed before them.
 
     Backward: dy·xhat and g (which becomes the norm's dx); half-precision inputs add the
     float32 copy of dy, and a plain norm the cast of dx. An add-norm's dx and dresidual are
     made once dy·xhat is freed, within that peak. The memory-efficient backward holds
     instead t = y - beta and dy·t in float64, g, and xhat rounded from t in the compute dtype,
     with dy·xhat of the kept channels, (M, kept) in float64; before xhat is formed, the
-    (M, kept) products with the scale (with gamma) or the float64 operands of dy·xhat there
-    can be the larger.
+    (M, kept) products with the scale (with gamma), the float64 operands of dy·xhat there, or
+    the kept rows' float64 copies beside t can be the larger.
 
     O(M) and O(D) vectors (means, rstd, the float64 sums for dgamma and dbeta) are included.
     """
     c, s = _compute_itemsize(itemsize), itemsize
-    md, mk = M * D, M * kept
+    md, mk, rd = M * D, M * kept, kept_rows * D
     half = itemsize != c
     if pass_ == "fwd":
-        peak = 2 * md * c
-        if memory_efficient and not half:
-            # the rule's (D,) float64 temporaries (about four), then the kept channels
-            peak += max(4 * M * c, 4 * D * 8, mk * c + 8 * kept)
-        else:
-            peak += 4 * M * c
-        if half:
-            peak += md * s
+        peak = 2 * md * c + 4 * M * c + (md * s if half else 0)
+        if memory_efficient:
+            xhat_and_y = md * c + md * s  # y in its own dtype by now
+            peak = max(peak,
+                       xhat_and_y + 4 * D * 8 + 3 * M * 8,  # the rules' float64 vectors
+                       xhat_and_y + (mk + rd) * c + 8 * (kept + kept_rows))  # gathered
         if nm.residual:
             peak += md * s
         return peak
     cast = md * s if half and not nm.residual else 0  # dx rounded, while the rest is alive
     if memory_efficient:
         phases = [16 * md + 2 * md * c + 8 * mk + cast,  # t, dy·t, g, xhat; (M, k) dy·xhat
-                  16 * md + (c + 16) * mk]  # t, dy·t; dy's kept channels, kept xhat in float64
+                  16 * md + (c + 16) * mk,  # t, dy·t; dy's kept channels, kept xhat in float64
+                  8 * md + 16 * rd]  # t; the kept rows in float64, and times the scale
         if gamma:
             phases.append(16 * md + md * c + 16 * mk)  # t, dy·t, g; (M, k) dy·xhat, · scale
         peak = max(phases)
@@ -378,24 +417,27 @@ def _reference_peak(pass_: str, nm: Norm, M: int, D: int, itemsize: int, gamma: 
 
 
 def cache_bytes(M: int, D: int, itemsize: int, *, norm: str = "layer_norm", gamma: bool = True,
-                beta: bool | None = None, memory_efficient: bool = False, kept: int = 0) -> int:
+                beta: bool | None = None, memory_efficient: bool = False, kept: int = 0,
+                kept_rows: int = 0) -> int:
     """Bytes the reference's cache holds from forward to backward (arguments as :func:`cost`).
 
     Default (:class:`layernorm.reference.NormCache`): xhat (M·D), rstd (M) and the copy of
     the scale (D, with gamma), in the compute dtype of c bytes: (M·D + M + D)·c.
     Memory-efficient (:class:`layernorm.reference.OutputCache`): rstd (M), the copies of the
     scale (D, with gamma) and of the shift (D, with beta: LayerNorm's), the kept channels'
-    indices (8·kept, int64) and their xhat (M·kept): (M + D + D + M·kept)·c + 8·kept. y is
-    not counted: it is the forward's output, which the next layer holds anyway. An add-norm's
-    cache is its norm's, in either mode.
+    indices (8·kept, int64) and their xhat (M·kept), the kept rows' indices (8·kept_rows)
+    and their xhat (kept_rows·D): (M + D + D + M·kept + kept_rows·D)·c + 8·(kept +
+    kept_rows). y is not counted: it is the forward's output, which the next layer holds
+    anyway. An add-norm's cache is its norm's, in either mode.
     """
     M, D, itemsize = _sizes(M, D, itemsize)
-    memory_efficient, kept = _mode(memory_efficient, kept, D)
     nm = family.norm(norm)
     beta = _beta(nm, beta)
+    memory_efficient, kept, rows = _mode(memory_efficient, kept, kept_rows, M, D, beta)
     c = _compute_itemsize(itemsize)
     if memory_efficient:
-        return (M + D * (int(gamma) + int(beta)) + M * kept) * c + 8 * kept
+        return ((M + D * (int(gamma) + int(beta)) + M * kept + rows * D) * c
+                + 8 * (kept + rows))
     return (M * D + M + D * int(gamma)) * c
 
 
@@ -413,8 +455,8 @@ class Cost:
     """The model's figures for one call; bytes and FLOPs are Python integers.
 
     ``cache_bytes`` is the cache of the call's mode (memory-efficient with
-    ``memory_efficient``, keeping ``kept`` channels); ``default_cache_bytes`` the default
-    mode's, for the same call.
+    ``memory_efficient``, keeping ``kept`` channels and ``kept_rows`` rows);
+    ``default_cache_bytes`` the default mode's, for the same call.
     """
 
     norm: str
@@ -430,6 +472,7 @@ class Cost:
     reference_peak_bytes: int
     memory_efficient: bool
     kept: int
+    kept_rows: int
     default_cache_bytes: int
 
     @property
@@ -486,6 +529,7 @@ def roofline_seconds(
 def cost(
     pass_: str, M: int, D: int, itemsize: int, *, norm: str = "layer_norm", gamma: bool = True,
     beta: bool | None = None, memory_efficient: bool = False, kept: int = 0,
+    kept_rows: int = 0,
 ) -> Cost:
     """The model for one forward (``"fwd"``) or backward (``"bwd"``) of ``norm`` over (M, D).
 
@@ -496,20 +540,23 @@ def cost(
         gamma: whether gamma is present.
         beta: whether beta is present; default: where the norm has one (ValueError for
             beta=True with an RMS norm).
-        memory_efficient: the mode of ``memory_efficient=True``: the cache keeps y's
-            statistics and the kept channels' xhat instead of xhat, and the backward recovers
-            xhat from y (a bool; TypeError for others).
+        memory_efficient: the mode of ``memory_efficient=True``: the cache keeps rstd, the
+            parameters and the xhat of the kept channels and rows instead of xhat, and the
+            backward recovers xhat from y (a bool; TypeError for others).
         kept: how many channels' xhat the memory-efficient forward keeps
             (:func:`layernorm.recovery.kept_channels`; 0 for weights at their initial
             values), an integer in [0, D]; ValueError for a nonzero kept without
             ``memory_efficient``.
+        kept_rows: how many rows it keeps whole (:func:`layernorm.recovery.kept_rows`: rows
+            with var < eps under a non-zero beta; 0 for most data), an integer in [0, M];
+            ValueError for a nonzero kept_rows without ``memory_efficient`` or without beta.
     """
     _check_pass(pass_)
     M, D, itemsize = _sizes(M, D, itemsize)
-    memory_efficient, kept = _mode(memory_efficient, kept, D)
     nm = family.norm(norm)
     beta = _beta(nm, beta)
-    mode = dict(memory_efficient=memory_efficient, kept=kept)
+    memory_efficient, kept, kept_rows = _mode(memory_efficient, kept, kept_rows, M, D, beta)
+    mode = dict(memory_efficient=memory_efficient, kept=kept, kept_rows=kept_rows)
     return Cost(
         norm=nm.name,
         pass_=pass_,
