@@ -14,7 +14,10 @@ Time is Θ(M·D) in both directions: each element takes a fixed number of operat
 row a few more (divisions by D, 1/sqrt). ``FLOPS`` lists them step by step, with the norms
 that take each step: RMSNorm has no mean to subtract and no beta (forward 4 per element
 against LayerNorm's 9; backward one row reduction fewer, 8 against 11); an add-norm adds
-h = x + residual forward and dh to dx backward (one more each).
+h = x + residual forward and dh to dx backward (one more each). The memory-efficient backward
+takes one more with beta (t = y - beta), and with gamma xhat = t / scale in place of
+(dy·xhat)·scale (the kept channels' and rows' few operations, and dgamma's one division per
+channel, are left out).
 
 Bytes. Any implementation must move at least the *minimal bytes*: the (M, D) arrays the pass
 reads and writes, as :class:`layernorm.family.Norm` lists them (dh counted, though optional):
