@@ -537,7 +537,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
   const Tensor stats = stats0.contiguous();
   const Tensor keptc = kept.contiguous();
   const Tensor scale = scale_of(weight, d, cdt, zero_centered_gamma);
-  const Tensor shift = bias.has_value() ? in_dtype(*bias, cdt) : at::zeros({d}, y.options().dtype(cdt));
+  // the kernel reads the shift in T, as the scale (a half bias is widened here)
+  const Tensor shift = bias.has_value() ? bias->to(cdt).contiguous()
+                                        : at::zeros({d}, y.options().dtype(cdt));
   const Tensor dyc = in_dtype(dy, cdt);
   Tensor dx = output(y.sizes(), y.options().dtype(dxdt));
   Tensor dres = at::empty({0}, y.options());
