@@ -45,6 +45,11 @@ Code paths, one line each:
   means per row, and s) and a dx kernel on a (row chunk, column block) grid.
 * the rescaled rows of item 3: a branch per tile (or row) taken only where a row needs it.
 * float64 data: the same kernels in float64, with tiles half as large (``plan(wide=True)``).
+* the memory-efficient backward (:func:`backward_from_y`): the same backward kernels with
+  FROM_Y, reading y where they read xn: xhat_j = (y_j - shift_j) / scale_j (shift = bias,
+  a correctly rounded division), or, on the k channels layernorm.recovery keeps, the saved
+  xhat from an (M, k) store through a per-channel map (channel -> column, -1 if recovered).
+  No mean, no correction pass, no rescaling: rstd is the row's own.
 * dw and db: each backward program adds its rows into partial sums in T, one (P, D) row per
   program; a second kernel sums the P rows in a fixed order. No atomics: bit-identical runs.
 
@@ -63,7 +68,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-__all__ = ["INTERPRET", "Plan", "backward", "forward", "plan"]
+__all__ = ["INTERPRET", "Plan", "backward", "backward_from_y", "forward", "plan"]
 
 # Tuning constants (chosen from the design, not yet measured on a GPU: docs/gpu-fusion.md).
 # The two limits are the longest rows whose tiles compile for sm_90 without register spills in
@@ -81,6 +86,7 @@ REDUCE_BLOCK_N = 256  # columns per program of the second-stage reduction
 REDUCE_NUM_WARPS = 8  # warps per program of the second-stage reduction (dw and db together)
 
 INF = tl.constexpr(float("inf"))
+NAN = tl.constexpr(float("nan"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,20 +517,75 @@ def _store_dx(
 
 
 @triton.jit
+def _from_y_params(
+    B,  # *b.dtype (D,): bias; None unless HAS_B
+    KMAP,  # *int32 (D,): column of each channel in KEPT, -1 where recovered; None unless HAS_KEPT
+    offs,  # channels
+    ok,  # valid channels
+    CDT: tl.constexpr,  # compute dtype
+    HAS_B: tl.constexpr,  # bias present
+    HAS_KEPT: tl.constexpr,  # some channels are kept
+):
+    """The recovery's values at ``offs``: the shift in the compute dtype (0 without bias) and
+    each channel's column in KEPT (-1: recovered from y)."""
+    shift = tl.zeros(offs.shape, CDT)
+    if HAS_B:
+        shift = tl.load(B + offs, mask=ok, other=0.0).to(CDT)
+    kcol = tl.full(offs.shape, -1, tl.int32)
+    if HAS_KEPT:
+        kcol = tl.load(KMAP + offs, mask=ok, other=-1)
+    return shift, kcol
+
+
+@triton.jit
+def _xhat_from_y(
+    y,  # y in the compute dtype, any shape
+    shift,  # the shift (bias) in the compute dtype, broadcast to y; ignored unless HAS_B
+    scale,  # the scale in the compute dtype, broadcast to y; ignored unless HAS_W
+    kcol,  # int32, broadcast to y: column of each channel in KEPT, -1 where recovered
+    KEPT,  # *T: xhat of the kept channels; None unless HAS_KEPT
+    kept_offs,  # offsets of the rows' starts in KEPT, broadcast to y
+    ok,  # valid entries
+    HAS_W: tl.constexpr,  # divide by the scale
+    HAS_B: tl.constexpr,  # subtract the shift
+    HAS_KEPT: tl.constexpr,  # some channels are kept
+):
+    """xhat recovered from y: (y - shift) / scale, each operation correctly rounded (a
+    division, not a reciprocal's product), the kept channels' xhat read from KEPT instead;
+    0 where not ok."""
+    xhat = y
+    if HAS_B:
+        xhat = xhat - shift
+    if HAS_W:
+        xhat = _div(xhat, scale)
+    if HAS_KEPT:
+        is_kept = kcol >= 0
+        kept = tl.load(KEPT + kept_offs + kcol, mask=ok & is_kept, other=0.0)
+        xhat = tl.where(is_kept, kept, xhat)  # never a blend: a zero scale gives inf or NaN
+    return tl.where(ok, xhat, 0.0)
+
+
+@triton.jit
 def _bwd_short_kernel(
     DY,  # *dy.dtype (M, D): gradient of y, row stride stride_dy, unit column stride
     DH,  # *dh.dtype (M, D): gradient of h, row stride stride_dh; None unless HAS_DH
-    XN,  # *xn.dtype (M, D): what the forward normalized (x, or h), row stride stride_xn
+    XN,  # *xn.dtype (M, D): what the forward normalized (x, or h), row stride stride_xn;
+    #      y (x's dtype) when FROM_Y
     DX,  # *dx.dtype (M, D) contiguous: output, gradient of x
     DR,  # *dr.dtype (M, D) contiguous: output, gradient of the residual; None unless IS_ADD
     W,  # *w.dtype (D,): weight, or None when HAS_W is False
-    MEAN,  # *T (M,): the forward's MEAN; T, the compute dtype, is MEAN's dtype
-    RSTD,  # *T (M,): the forward's RSTD (negative: a rescaled row)
+    B,  # *b.dtype (D,): bias, the shift y is recovered with; None unless FROM_Y and HAS_B
+    MEAN,  # *T (M,): the forward's MEAN; None when FROM_Y
+    RSTD,  # *T (M,): the forward's RSTD (negative: a rescaled row); T, the compute dtype, is
+    #        RSTD's dtype. FROM_Y: the row's 1 / sqrt(var + eps), never negative
+    KMAP,  # *int32 (D,): column of each channel in KEPT, -1 if recovered; None unless HAS_KEPT
+    KEPT,  # *T (M, k): xhat of the kept channels, row stride stride_kept; None unless HAS_KEPT
     DW_PART,  # *T (P, D): output, row p = this program's sum of dy * xhat
     DB_PART,  # *T (P, D): output, row p = this program's sum of dy
     stride_dy,  # elements between consecutive rows of DY
     stride_dh,  # elements between consecutive rows of DH
     stride_xn,  # elements between consecutive rows of XN
+    stride_kept,  # elements between consecutive rows of KEPT
     M,  # number of rows
     D,  # row length
     CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm
@@ -532,20 +593,28 @@ def _bwd_short_kernel(
     HAS_DH: tl.constexpr,  # dh present
     WIDE_ADD: tl.constexpr,  # the add's compute dtype is float64
     HAS_W: tl.constexpr,  # weight present: compute dw partial sums
-    HAS_B: tl.constexpr,  # bias present: compute db partial sums
+    HAS_B: tl.constexpr,  # bias present: compute db partial sums (and, FROM_Y, shift by it)
     ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
+    FROM_Y: tl.constexpr,  # XN is y: xhat = (y - shift) / scale, or KEPT on kept channels
+    HAS_KEPT: tl.constexpr,  # FROM_Y with k > 0 kept channels
     ROWS: tl.constexpr,  # rows per tile
     BLOCK_D: tl.constexpr,  # power of two >= D: a whole row per tile row
 ):
     # Persistent: P programs; program p owns row tiles p, p + P, p + 2P, ... and keeps its share
     # of dw and db in registers until the end.
-    CDT: tl.constexpr = MEAN.dtype.element_ty
+    CDT: tl.constexpr = RSTD.dtype.element_ty
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     col_ok = cols < D
     n = tl.zeros([], CDT) + D  # D in the compute dtype (D may be the constant 1)
     if HAS_W:
         scale = _load_scale(W, cols, col_ok, CDT, ZERO_CENTERED)[None, :]  # (1, BLOCK_D)
+    if FROM_Y:  # the recovery's per-channel values, each (1, BLOCK_D)
+        if not HAS_W:
+            scale = tl.zeros((1, BLOCK_D), CDT)  # a placeholder: no scale
+        shift, kcol = _from_y_params(B, KMAP, cols, col_ok, CDT, HAS_B, HAS_KEPT)
+        shift = shift[None, :]
+        kcol = kcol[None, :]
     acc_dw = tl.zeros((ROWS, BLOCK_D), dtype=CDT)
     acc_db = tl.zeros((ROWS, BLOCK_D), dtype=CDT)
     for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
@@ -555,23 +624,28 @@ def _bwd_short_kernel(
         rows64 = rows.to(tl.int64)
         xn = tl.load(XN + rows64[:, None] * stride_xn + cols[None, :], mask=mask, other=0.0)
         dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-        xn = xn.to(CDT)  # (ROWS, BLOCK_D)
+        xn = xn.to(CDT)  # (ROWS, BLOCK_D) y when FROM_Y
         dy = dy.to(CDT)  # (ROWS, BLOCK_D)
-        mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)  # (ROWS,)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)  # (ROWS,)
-
-        scaled = rstd < 0  # (ROWS,) rows the forward computed as xn * s
-        s = tl.full((ROWS,), 1.0, CDT)
-        if tl.sum(scaled.to(tl.int32), axis=0) > 0:  # rare
-            s = tl.where(scaled, _pow2_scale(tl.max(tl.abs(xn), axis=1)), 1.0)
-            xn = xn * s[:, None]
-        rstd = tl.abs(rstd)
-        r_x = tl.where(rstd < INF, rstd, 0.0)  # inf only on a constant row with eps = 0
-        if CENTRED:
-            u = tl.where(mask, (xn - mean[:, None]) * r_x[:, None], 0.0)  # (ROWS, BLOCK_D)
-            xhat = tl.where(mask, u - _div(tl.sum(u, axis=1), n)[:, None], 0.0)  # corrected
+        if FROM_Y:
+            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)  # (ROWS,)
+            xhat = _xhat_from_y(xn, shift, scale, kcol, KEPT, rows64[:, None] * stride_kept,
+                                mask, HAS_W, HAS_B, HAS_KEPT)  # (ROWS, BLOCK_D)
+            rstd = tl.where(rstd < 0, NAN, rstd)  # a rescaled row's mark: y cannot give s
         else:
-            xhat = xn * r_x[:, None]  # (ROWS, BLOCK_D)
+            mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)  # (ROWS,)
+            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)  # (ROWS,)
+            scaled = rstd < 0  # (ROWS,) rows the forward computed as xn * s
+            s = tl.full((ROWS,), 1.0, CDT)
+            if tl.sum(scaled.to(tl.int32), axis=0) > 0:  # rare
+                s = tl.where(scaled, _pow2_scale(tl.max(tl.abs(xn), axis=1)), 1.0)
+                xn = xn * s[:, None]
+            rstd = tl.abs(rstd)
+            r_x = tl.where(rstd < INF, rstd, 0.0)  # inf only on a constant row with eps = 0
+            if CENTRED:
+                u = tl.where(mask, (xn - mean[:, None]) * r_x[:, None], 0.0)  # (ROWS, BLOCK_D)
+                xhat = tl.where(mask, u - _div(tl.sum(u, axis=1), n)[:, None], 0.0)  # corrected
+            else:
+                xhat = xn * r_x[:, None]  # (ROWS, BLOCK_D)
         if HAS_W:
             g = dy * scale
         else:
@@ -581,7 +655,9 @@ def _bwd_short_kernel(
             dn = g - _div(tl.sum(g, axis=1), n)[:, None] - xhat * mean_gxhat[:, None]
         else:
             dn = g - xhat * mean_gxhat[:, None]
-        dn = (dn * rstd[:, None]) * s[:, None]  # (ROWS, BLOCK_D)
+        dn = dn * rstd[:, None]  # (ROWS, BLOCK_D)
+        if not FROM_Y:
+            dn = dn * s[:, None]
         if HAS_DH:
             dh = tl.load(DH + rows64[:, None] * stride_dh + cols[None, :], mask=mask, other=0.0)
         else:
@@ -618,34 +694,44 @@ def _long_row_absmax(
 @triton.jit
 def _bwd_long_rowstats_kernel(
     DY,  # *dy.dtype (M, D): gradient of y, row stride stride_dy, unit column stride
-    XN,  # *xn.dtype (M, D): what the forward normalized, row stride stride_xn
+    XN,  # *xn.dtype (M, D): what the forward normalized, row stride stride_xn; y when FROM_Y
     W,  # *w.dtype (D,): weight, or None when HAS_W is False
-    MEAN,  # *T (M,): the forward's MEAN; T, the compute dtype, is MEAN's dtype
-    RSTD,  # *T (M,): the forward's RSTD (negative: a rescaled row)
+    B,  # *b.dtype (D,): bias, the shift y is recovered with; None unless FROM_Y and HAS_B
+    MEAN,  # *T (M,): the forward's MEAN; None when FROM_Y
+    RSTD,  # *T (M,): the forward's RSTD (negative: a rescaled row); T, the compute dtype, is
+    #        RSTD's dtype
+    KMAP,  # *int32 (D,): column of each channel in KEPT, -1 if recovered; None unless HAS_KEPT
+    KEPT,  # *T (M, k): xhat of the kept channels, row stride stride_kept; None unless HAS_KEPT
     COEF,  # *T (4, M): output, per row mean(u), mean(g), mean(g * xhat) and s
     stride_dy,  # elements between consecutive rows of DY
     stride_xn,  # elements between consecutive rows of XN
+    stride_kept,  # elements between consecutive rows of KEPT
     M,  # number of rows
     D,  # row length
     CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm (mean(u) = mean(g) = 0)
     HAS_W: tl.constexpr,  # weight present
+    HAS_B: tl.constexpr,  # FROM_Y: bias present, the shift
     ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
+    FROM_Y: tl.constexpr,  # XN is y: xhat = (y - shift) / scale, or KEPT on kept channels
+    HAS_KEPT: tl.constexpr,  # FROM_Y with k > 0 kept channels
     BLOCK: tl.constexpr,  # elements per loop step
 ):
     # One program per long row, one pass over it for the row reductions dx needs (one more,
     # for max|xn|, on a rescaled row). With u = (xn * s - MEAN) * rstd and xhat = u - mean(u):
     #     sum(g * xhat) = sum(g * u) - mean(u) * sum(g).
-    CDT: tl.constexpr = MEAN.dtype.element_ty
+    # FROM_Y: u = xhat, recovered from y (mean(u) = 0, s = 1).
+    CDT: tl.constexpr = RSTD.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
     xn_row = XN + row * stride_xn
     dy_row = DY + row * stride_dy
-    mean = tl.load(MEAN + row)
-    rstd = tl.load(RSTD + row)
     s = tl.full([], 1.0, CDT)
-    if rstd < 0:  # rare: the forward computed the row as xn * s
-        s = _pow2_scale(_long_row_absmax(xn_row, D, CDT, BLOCK))
-    rstd = tl.abs(rstd)
-    r_x = tl.where(rstd < INF, rstd, 0.0)  # inf only on a constant row with eps = 0
+    if not FROM_Y:
+        mean = tl.load(MEAN + row)
+        rstd = tl.load(RSTD + row)
+        if rstd < 0:  # rare: the forward computed the row as xn * s
+            s = _pow2_scale(_long_row_absmax(xn_row, D, CDT, BLOCK))
+        rstd = tl.abs(rstd)
+        r_x = tl.where(rstd < INF, rstd, 0.0)  # inf only on a constant row with eps = 0
     n = tl.zeros([], CDT) + D  # D in the compute dtype (D may be the constant 1)
     cols = tl.arange(0, BLOCK)  # (BLOCK,)
     sum_u = tl.zeros((BLOCK,), dtype=CDT)  # blocked sums: one lane per column mod BLOCK
@@ -653,18 +739,36 @@ def _bwd_long_rowstats_kernel(
     sum_gu = tl.zeros((BLOCK,), dtype=CDT)
     for start in tl.range(0, D, BLOCK):
         ok = start + cols < D
-        xn = tl.load(xn_row + start + cols, mask=ok, other=0.0).to(CDT) * s
+        if FROM_Y:
+            y = tl.load(xn_row + start + cols, mask=ok, other=0.0).to(CDT)
+        else:
+            xn = tl.load(xn_row + start + cols, mask=ok, other=0.0).to(CDT) * s
         g = tl.load(dy_row + start + cols, mask=ok, other=0.0).to(CDT)
         if HAS_W:
-            g = g * _load_scale(W, start + cols, ok, CDT, ZERO_CENTERED)
-        if CENTRED:
-            u = tl.where(ok, (xn - mean) * r_x, 0.0)  # (BLOCK,)
-            sum_u += u
-            sum_g += g
+            w = _load_scale(W, start + cols, ok, CDT, ZERO_CENTERED)
+            g = g * w
+        if FROM_Y:
+            if not HAS_W:
+                w = g  # a placeholder: no scale
+            shift, kcol = _from_y_params(B, KMAP, start + cols, ok, CDT, HAS_B, HAS_KEPT)
+            u = _xhat_from_y(y, shift, w, kcol, KEPT, row * stride_kept, ok, HAS_W, HAS_B,
+                             HAS_KEPT)  # (BLOCK,) xhat
+            if CENTRED:
+                sum_g += g
         else:
-            u = xn * r_x  # (BLOCK,) xhat
+            if CENTRED:
+                u = tl.where(ok, (xn - mean) * r_x, 0.0)  # (BLOCK,)
+                sum_u += u
+                sum_g += g
+            else:
+                u = xn * r_x  # (BLOCK,) xhat
         sum_gu += g * u
-    if CENTRED:
+    if CENTRED and FROM_Y:
+        mean_u = tl.zeros([], CDT)
+        total_g = tl.sum(sum_g, axis=0)
+        mean_g = _div(total_g, n)
+        mean_gxhat = _div(tl.sum(sum_gu, axis=0), n)
+    elif CENTRED:
         mean_u = _div(tl.sum(sum_u, axis=0), n)
         total_g = tl.sum(sum_g, axis=0)
         mean_g = _div(total_g, n)
@@ -683,18 +787,23 @@ def _bwd_long_rowstats_kernel(
 def _bwd_long_dx_kernel(
     DY,  # *dy.dtype (M, D): gradient of y, row stride stride_dy, unit column stride
     DH,  # *dh.dtype (M, D): gradient of h, row stride stride_dh; None unless HAS_DH
-    XN,  # *xn.dtype (M, D): what the forward normalized, row stride stride_xn
+    XN,  # *xn.dtype (M, D): what the forward normalized, row stride stride_xn; y when FROM_Y
     DX,  # *dx.dtype (M, D) contiguous: output, gradient of x
     DR,  # *dr.dtype (M, D) contiguous: output, gradient of the residual; None unless IS_ADD
     W,  # *w.dtype (D,): weight, or None when HAS_W is False
-    MEAN,  # *T (M,): the forward's MEAN; T, the compute dtype, is MEAN's dtype
-    RSTD,  # *T (M,): the forward's RSTD (negative: a rescaled row)
+    B,  # *b.dtype (D,): bias, the shift y is recovered with; None unless FROM_Y and HAS_B
+    MEAN,  # *T (M,): the forward's MEAN; None when FROM_Y
+    RSTD,  # *T (M,): the forward's RSTD (negative: a rescaled row); T, the compute dtype, is
+    #        RSTD's dtype. FROM_Y: the row's 1 / sqrt(var + eps), never negative
+    KMAP,  # *int32 (D,): column of each channel in KEPT, -1 if recovered; None unless HAS_KEPT
+    KEPT,  # *T (M, k): xhat of the kept channels, row stride stride_kept; None unless HAS_KEPT
     COEF,  # *T (4, M): per row mean(u), mean(g), mean(g * xhat), s from the row-stats kernel
     DW_PART,  # *T (P, D): output, row p = chunk p's sum of dy * xhat
     DB_PART,  # *T (P, D): output, row p = chunk p's sum of dy
     stride_dy,  # elements between consecutive rows of DY
     stride_dh,  # elements between consecutive rows of DH
     stride_xn,  # elements between consecutive rows of XN
+    stride_kept,  # elements between consecutive rows of KEPT
     M,  # number of rows
     D,  # row length
     rows_per_chunk,  # rows owned by one program along axis 0
@@ -703,40 +812,56 @@ def _bwd_long_dx_kernel(
     HAS_DH: tl.constexpr,  # dh present
     WIDE_ADD: tl.constexpr,  # the add's compute dtype is float64
     HAS_W: tl.constexpr,  # weight present: compute dw partial sums
-    HAS_B: tl.constexpr,  # bias present: compute db partial sums
+    HAS_B: tl.constexpr,  # bias present: compute db partial sums (and, FROM_Y, shift by it)
     ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
+    FROM_Y: tl.constexpr,  # XN is y: xhat = (y - shift) / scale, or KEPT on kept channels
+    HAS_KEPT: tl.constexpr,  # FROM_Y with k > 0 kept channels
     BLOCK: tl.constexpr,  # columns owned by one program along axis 1
 ):
     # Program (p, j) owns the rows of chunk p and the columns of block j: it writes their dx and
     # row p, block j of the partial sums.
-    CDT: tl.constexpr = MEAN.dtype.element_ty
+    CDT: tl.constexpr = RSTD.dtype.element_ty
     chunk = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
     ok = cols < D
     if HAS_W:
         scale = _load_scale(W, cols, ok, CDT, ZERO_CENTERED)  # (BLOCK,)
+    if FROM_Y:  # the recovery's per-channel values, each (BLOCK,)
+        if not HAS_W:
+            scale = tl.zeros((BLOCK,), CDT)  # a placeholder: no scale
+        shift, kcol = _from_y_params(B, KMAP, cols, ok, CDT, HAS_B, HAS_KEPT)
     acc_dw = tl.zeros((BLOCK,), dtype=CDT)
     acc_db = tl.zeros((BLOCK,), dtype=CDT)
     first = chunk.to(tl.int64) * rows_per_chunk  # int64: row offsets of large tensors
     for row in tl.range(first, tl.minimum(first + rows_per_chunk, M)):
-        xn = tl.load(XN + row * stride_xn + cols, mask=ok, other=0.0).to(CDT)
+        xn = tl.load(XN + row * stride_xn + cols, mask=ok, other=0.0).to(CDT)  # y when FROM_Y
         dy = tl.load(DY + row * stride_dy + cols, mask=ok, other=0.0).to(CDT)
-        mean = tl.load(MEAN + row)
-        rstd = tl.abs(tl.load(RSTD + row))
-        r_x = tl.where(rstd < INF, rstd, 0.0)  # inf only on a constant row with eps = 0
-        mean_u = tl.load(COEF + row)
-        mean_g = tl.load(COEF + M + row)
-        mean_gxhat = tl.load(COEF + 2 * M + row)
-        s = tl.load(COEF + 3 * M + row)
-        if CENTRED:
-            xhat = tl.where(ok, (xn * s - mean) * r_x - mean_u, 0.0)  # (BLOCK,)
+        if FROM_Y:
+            rstd = tl.load(RSTD + row)
+            rstd = tl.where(rstd < 0, NAN, rstd)  # a rescaled row's mark: y cannot give s
+            mean_g = tl.load(COEF + M + row)
+            mean_gxhat = tl.load(COEF + 2 * M + row)
+            xhat = _xhat_from_y(xn, shift, scale, kcol, KEPT, row * stride_kept, ok, HAS_W,
+                                HAS_B, HAS_KEPT)  # (BLOCK,)
         else:
-            xhat = (xn * s) * r_x  # (BLOCK,)
+            mean = tl.load(MEAN + row)
+            rstd = tl.abs(tl.load(RSTD + row))
+            r_x = tl.where(rstd < INF, rstd, 0.0)  # inf only on a constant row with eps = 0
+            mean_u = tl.load(COEF + row)
+            mean_g = tl.load(COEF + M + row)
+            mean_gxhat = tl.load(COEF + 2 * M + row)
+            s = tl.load(COEF + 3 * M + row)
+            if CENTRED:
+                xhat = tl.where(ok, (xn * s - mean) * r_x - mean_u, 0.0)  # (BLOCK,)
+            else:
+                xhat = (xn * s) * r_x  # (BLOCK,)
         if HAS_W:
             g = dy * scale
         else:
             g = dy
-        dn = ((g - mean_g - xhat * mean_gxhat) * rstd) * s  # (BLOCK,)
+        dn = (g - mean_g - xhat * mean_gxhat) * rstd  # (BLOCK,)
+        if not FROM_Y:
+            dn = dn * s
         if HAS_DH:
             dh = tl.load(DH + row * stride_dh + cols, mask=ok, other=0.0)
         else:
@@ -1024,8 +1149,127 @@ def backward(
     sdt = _stats_dtype(xn.dtype)
     if mean.dtype != sdt or rstd.dtype != sdt or mean.shape != (M,) or rstd.shape != (M,):
         raise ValueError(f"mean and rstd must be ({M},) {sdt}, as the forward returns them")
-    dev = xn.device
     x_dtype = xn.dtype if x_dtype is None or not add else x_dtype
+    wide_add = add and torch.float64 in (x_dtype, residual_dtype, xn.dtype)
+    return _run_backward(dy, dh, xn, weight, bias, mean, rstd, None, None, sdt,
+                         centred=centred, zero_centered_gamma=zero_centered_gamma,
+                         x_dtype=x_dtype, residual_dtype=residual_dtype, wide_add=wide_add)
+
+
+def backward_from_y(
+    dy: torch.Tensor,
+    dh: torch.Tensor | None,
+    y: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    rstd: torch.Tensor,
+    keep: torch.Tensor,
+    kept: torch.Tensor,
+    *,
+    centred: bool,
+    zero_centered_gamma: bool = False,
+    x_dtype: torch.dtype | None = None,
+    residual_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The memory-efficient backward: :func:`backward` with xhat recovered from the forward's
+    output y instead of rebuilt from xn.
+
+    xhat_j = (y_j - shift_j) / scale_j in the compute dtype T (y widened exactly, then one
+    correctly rounded subtraction and one division: no reciprocal), scale = weight, or
+    1 + weight with zero_centered_gamma, formed in T (no division without weight), shift = bias
+    (no subtraction without bias); on the k channels ``keep`` names, xhat is read from ``kept``
+    instead (:mod:`layernorm.recovery` chooses them: where the recovery would lose xhat). The
+    rest is :func:`backward`'s: g = dy * scale, dx = rstd * (g - [mean(g)] - xhat *
+    mean(g * xhat)) [+ dh], dw = sum over rows of dy * xhat, db = sum of dy, by the same
+    kernels and the same two-stage reduction (the reference's memory-efficient
+    ``*_backward`` is the definition).
+
+    Args:
+        dy: (M, D), unit column stride (any row stride), any of the four dtypes.
+        dh: (M, D) gradient reaching h from the residual stream, unit column stride, or None;
+            add-norms only.
+        y: (M, D) the forward's output (x's dtype, also for an add-norm), unit column stride.
+        weight: (D,) contiguous or None. bias: (D,) contiguous or None: its values are the
+            shift (LayerNorm only).
+        rstd: (M,) in T: each row's 1 / sqrt(var + eps), the forward's rstd. On a row the
+            forward rescaled (a negative rstd, the statistics of xn * s; module docstring,
+            item 3) y does not give s: pass s * |rstd| there (a negative rstd gives that row
+            NaN dx; its dw and db terms do not use rstd).
+        keep: (k,) int64, the kept channels in ascending order, on y's device (k may be 0).
+        kept: (M, k) in T, unit column stride: xhat of those channels. T is float64 for an h
+            (x) of float64, else float32; for an add-norm the norm computes in h's T, so T is
+            taken from ``kept`` (also when k = 0).
+        centred, zero_centered_gamma: as for the forward.
+        x_dtype: x's dtype (default y's, which is x's).
+        residual_dtype: the residual's dtype; given, this is an add-norm's backward.
+
+    Returns:
+        As :func:`backward`: dx (M, D) contiguous in x_dtype; dresidual (M, D) contiguous in
+        residual_dtype (add-norms, else None); dw in weight's dtype and db in bias's (or None).
+    """
+    if bias is not None and not centred:
+        raise ValueError("bias must be None for RMSNorm (centred=False)")
+    if y.dim() != 2:
+        raise ValueError(f"y must be (M, D), got shape {tuple(y.shape)}")
+    M, D = y.shape
+    add = residual_dtype is not None
+    if dh is not None and not add:
+        raise ValueError("dh is only for add-norms (residual_dtype given)")
+    for t, name in ((dy, "dy"), (y, "y"), (dh, "dh")):
+        if t is not None:
+            _check_rows(t, name, M, D)
+    _check_param(weight, "weight", D)
+    _check_param(bias, "bias", D)
+    if keep.dim() != 1 or keep.dtype != torch.int64 or keep.device != y.device:
+        raise ValueError(f"keep must be a (k,) int64 tensor on {y.device}, got shape "
+                         f"{tuple(keep.shape)}, {keep.dtype} on {keep.device}")
+    k = keep.shape[0]
+    if k > D:
+        raise ValueError(f"keep names {k} channels, more than D = {D}")
+    sdt = kept.dtype
+    if sdt not in (torch.float32, torch.float64):
+        raise TypeError(f"kept must be float32 or float64 (the compute dtype), got {sdt}")
+    if tuple(kept.shape) != (M, k) or (M > 0 and k > 1 and kept.stride(1) != 1):
+        raise ValueError(f"kept must be ({M}, {k}) with unit column stride, got shape "
+                         f"{tuple(kept.shape)}, strides {kept.stride()}")
+    if rstd.dtype != sdt or rstd.shape != (M,):
+        raise ValueError(f"rstd must be ({M},) {sdt}, kept's dtype (the compute dtype)")
+    x_dtype = y.dtype if x_dtype is None else x_dtype
+    wide_add = add and torch.float64 in (x_dtype, residual_dtype, sdt)
+    kmap = None
+    if k > 0 and M > 0:  # channel -> its column in kept, -1 where recovered: O(D)
+        kmap = torch.full((D,), -1, dtype=torch.int32, device=y.device)
+        kmap[keep] = torch.arange(k, dtype=torch.int32, device=y.device)
+    return _run_backward(dy, dh, y, weight, bias, None, rstd, kmap, kept, sdt,
+                         centred=centred, zero_centered_gamma=zero_centered_gamma,
+                         x_dtype=x_dtype, residual_dtype=residual_dtype, wide_add=wide_add)
+
+
+def _run_backward(
+    dy: torch.Tensor,
+    dh: torch.Tensor | None,
+    xn: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    mean: torch.Tensor | None,
+    rstd: torch.Tensor,
+    kmap: torch.Tensor | None,
+    kept: torch.Tensor | None,
+    sdt: torch.dtype,
+    *,
+    centred: bool,
+    zero_centered_gamma: bool,
+    x_dtype: torch.dtype,
+    residual_dtype: torch.dtype | None,
+    wide_add: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The launches of :func:`backward` (``mean`` given: xn is what the forward normalized) and
+    of :func:`backward_from_y` (``mean`` None: xn is y, ``kmap`` and ``kept`` the kept
+    channels' columns and xhat, or None when k = 0), on checked arguments; T is ``sdt``."""
+    M, D = xn.shape
+    add = residual_dtype is not None
+    from_y = mean is None
+    dev = xn.device
     dx = torch.empty((M, D), dtype=x_dtype, device=dev)
     dr = torch.empty((M, D), dtype=residual_dtype, device=dev) if add else None
     dw = None if weight is None else torch.empty(D, dtype=weight.dtype, device=dev)
@@ -1044,33 +1288,41 @@ def backward(
         chunks = _partial_rows(triton.cdiv(M, p.rows), 1, M, xn.element_size(), part_size, dev)
     dw_part = torch.empty((chunks, D), dtype=sdt, device=dev) if has_w else None
     db_part = torch.empty((chunks, D), dtype=sdt, device=dev) if has_b else None
+    has_kept = kmap is not None
+    shift = bias if from_y else None  # the default backward reads only bias's dtype
+    kmap, kept = (kmap, kept) if has_kept else (None, None)
+    stride_kept = kept.stride(0) if has_kept else 0
+    from_y_flags = {"FROM_Y": from_y, "HAS_KEPT": has_kept}
     flags = {
         "CENTRED": centred,
         "IS_ADD": add,
         "HAS_DH": dh is not None,
-        "WIDE_ADD": add and torch.float64 in (x_dtype, residual_dtype, xn.dtype),
+        "WIDE_ADD": wide_add,
         "HAS_W": has_w,
         "HAS_B": has_b,
         "ZERO_CENTERED": zero_centered_gamma,
+        **from_y_flags,
     }
     stride_dh = 0 if dh is None else dh.stride(0)
     with _on_device(dev):
         if p.long:
             coef = torch.empty((4, M), dtype=sdt, device=dev)
             _bwd_long_rowstats_kernel[(M,)](
-                dy, xn, weight, mean, rstd, coef, dy.stride(0), xn.stride(0), M, D,
-                CENTRED=centred, HAS_W=has_w, ZERO_CENTERED=zero_centered_gamma,
+                dy, xn, weight, shift, mean, rstd, kmap, kept, coef, dy.stride(0),
+                xn.stride(0), stride_kept, M, D,
+                CENTRED=centred, HAS_W=has_w, HAS_B=has_b and from_y,
+                ZERO_CENTERED=zero_centered_gamma, **from_y_flags,
                 BLOCK=p.block, num_warps=p.num_warps,
             )
             _bwd_long_dx_kernel[(chunks, col_blocks)](
-                dy, dh, xn, dx, dr, weight, mean, rstd, coef, dw_part, db_part,
-                dy.stride(0), stride_dh, xn.stride(0), M, D, rows_per_chunk,
-                **flags, BLOCK=p.block, num_warps=p.num_warps,
+                dy, dh, xn, dx, dr, weight, shift, mean, rstd, kmap, kept, coef, dw_part,
+                db_part, dy.stride(0), stride_dh, xn.stride(0), stride_kept, M, D,
+                rows_per_chunk, **flags, BLOCK=p.block, num_warps=p.num_warps,
             )
         else:
             _bwd_short_kernel[(chunks,)](
-                dy, dh, xn, dx, dr, weight, mean, rstd, dw_part, db_part,
-                dy.stride(0), stride_dh, xn.stride(0), M, D,
+                dy, dh, xn, dx, dr, weight, shift, mean, rstd, kmap, kept, dw_part, db_part,
+                dy.stride(0), stride_dh, xn.stride(0), stride_kept, M, D,
                 **flags, ROWS=p.rows, BLOCK_D=p.block, num_warps=p.num_warps,
             )
         if has_w or has_b:

@@ -1,0 +1,492 @@
+"""The memory-efficient backward of the Triton kernels (layernorm.gpu.kernels.backward_from_y):
+xhat recovered from y as (y - shift) / scale, the channels layernorm.recovery keeps read from
+their own (M, k) store, against the reference's memory-efficient backward.
+
+The saves are what a memory-efficient forward keeps: y from kernels.forward, its rstd,
+keep = recovery.kept_channels(scale, shift in the compute dtype, y's dtype, D) and kept = xhat
+of those channels from xn, mean and rstd. The reference (layernorm.reference.*_forward(...,
+memory_efficient=True), then *_backward) is the definition; it is given the same saves (its
+OutputCache with y, rstd and xhat_kept replaced by these), so the comparison is of the two
+backwards alone. Tolerances as in test_gpu.py: dx and dresidual are "out" results, dw and db
+sums over rows ("gpu-param"; "param" for float64 data).
+
+As the other tests/gpu files: on CUDA when present, else in Triton's interpreter on CPU tensors
+(conftest.py sets TRITON_INTERPRET=1), with small shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+# path and poisoned_outputs, imported, are this module's fixtures too: the short and long row
+# plans, and every buffer the launchers allocate starting as NaN
+from test_gpu import (  # noqa: E402, F401
+    DEVICE,
+    OVERFLOW_IS_AN_ANSWER,
+    SHORT_D,
+    Case,
+    _coarser,
+    _compute,
+    _name,
+    _numpy,
+    _rescaled_rows,
+    make_case,
+    path,
+    poisoned_outputs,
+    strided,
+)
+
+from layernorm import recovery, tolerances  # noqa: E402
+from layernorm import reference as ref  # noqa: E402
+from layernorm.family import NORMS  # noqa: E402
+from layernorm.gpu import kernels  # noqa: E402
+
+DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
+@pytest.fixture
+def row_len(path: int) -> int:  # noqa: F811 (test_gpu.py's fixture, imported)
+    """test_gpu.py's ``path``: a short row (several a tile), or a long one, the plan limits
+    lowered so that it takes the long-row kernels."""
+    return path
+
+# The interpreter divides in NumPy on every lane: y - shift over a zero scale on a kept channel
+# (replaced by the kept value), and masked-out lanes; NumPy warns of both.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:(divide by zero|invalid value) encountered in divide:RuntimeWarning")
+
+
+@dataclass
+class Saves:
+    """What the memory-efficient backward reads: y (x's dtype), rstd (M,), keep (k,) and kept
+    (M, k) in the compute dtype T."""
+
+    y: torch.Tensor
+    rstd: torch.Tensor
+    keep: torch.Tensor
+    kept: torch.Tensor
+
+
+def _param_values(case: Case, T: torch.dtype) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The kernel's scale and shift in the compute dtype T, as NumPy arrays (None if absent)."""
+    scale = shift = None
+    if case.weight is not None:
+        scale = case.weight.to(T) + (1.0 if case.zero_centered_gamma else 0.0)
+        scale = scale.cpu().numpy()
+    if case.bias is not None:
+        shift = case.bias.to(T).cpu().numpy()
+    return scale, shift
+
+
+def saves_of(case: Case, *, true_rstd: bool = False) -> Saves:
+    """The saves of ``case``'s forward (kernels.forward): keep from recovery.kept_channels on
+    the scale and shift in the compute dtype, kept = (xn - mean) * rstd of those channels (in
+    float64, rounded once to T). ``true_rstd``: on rows the forward rescaled (negative rstd)
+    fold s back in, s * |rstd|, and take kept from xn * s, as a memory-efficient forward must;
+    otherwise rstd is the forward's, mark included."""
+    n = case.norm
+    y, h, mean, rstd = kernels.forward(
+        case.x, case.residual, case.weight, case.bias, case.eps, centred=n.centred,
+        zero_centered_gamma=case.zero_centered_gamma, h_dtype=case.h_dtype)
+    xn = (h if n.residual else case.x).double()
+    T = rstd.dtype
+    D = xn.shape[1]
+    s = torch.ones_like(rstd, dtype=torch.float64)
+    if true_rstd:  # kernels._pow2_scale: max|xn| * s in [1/2, 1), exponent capped
+        bias = 126 if T == torch.float32 else 1022
+        e = torch.frexp(xn.abs().amax(dim=1)).exponent.clamp(-bias, bias)
+        s = torch.where(rstd < 0, torch.pow(2.0, -e.double()), s)
+        rstd = (rstd.double().abs() * s).to(T)
+    keep = recovery.kept_channels(*_param_values(case, T), y.dtype, D)
+    keep = torch.from_numpy(keep).to(DEVICE)
+    r = rstd.double().abs()
+    r = torch.where(r < float("inf"), r, 0.0)  # a constant row with eps = 0: xhat = 0
+    xhat = (xn[:, keep] * s[:, None] - mean.double()[:, None]) * r[:, None]
+    return Saves(y, rstd, keep, xhat.to(T))
+
+
+def run_from_y(case: Case, saves: Saves) -> dict[str, torch.Tensor | None]:
+    """backward_from_y on ``saves``, its results keyed as the reference's."""
+    n = case.norm
+    dx, dr, dw, db = kernels.backward_from_y(
+        case.dy, case.dh, saves.y, case.weight, case.bias, saves.rstd, saves.keep, saves.kept,
+        centred=n.centred, zero_centered_gamma=case.zero_centered_gamma,
+        x_dtype=case.x.dtype, residual_dtype=case.residual.dtype if n.residual else None)
+    got = {"dx": dx, "dresidual": dr, "dgamma": dw, "dbeta": db}
+    return {k: got[k] for k in _names(case)}
+
+
+def _names(case: Case) -> tuple[str, ...]:
+    n = case.norm
+    return ("dx", *n.backward_outputs[1:], "dgamma", *(("dbeta",) if n.centred else ()))
+
+
+@dataclass
+class Want:
+    """The reference's results on the same saves, and what the sizes of their terms are
+    computed from: its cache of the norm (xhat recovered as the definition does)."""
+
+    results: dict[str, np.ndarray | None]
+    norm: ref.OutputCache
+    dy: np.ndarray
+    dh: np.ndarray | None
+
+
+def reference(case: Case, saves: Saves) -> Want:
+    """The reference's memory-efficient backward given ``saves``: its forward (which must keep
+    the same channels), its OutputCache with y, rstd and xhat_kept replaced by the saves'."""
+    n = case.norm
+    name = n.name
+    args = [_numpy(case.x)] + ([_numpy(case.residual)] if n.residual else [])
+    args += [_numpy(case.weight)] + ([_numpy(case.bias)] if n.centred else [])
+    kw = {"zero_centered_gamma": case.zero_centered_gamma, "memory_efficient": True}
+    if n.residual and case.h_dtype is not None:
+        kw["residual_dtype"] = _name(case.h_dtype)
+    cache = getattr(ref, f"{name}_forward")(*args, case.eps, **kw)[-1]
+    norm = cache.norm if n.residual else cache
+    keep = saves.keep.cpu().numpy()
+    assert np.array_equal(norm.keep, keep), (norm.keep, keep)
+    norm = dataclasses.replace(norm, y=_numpy(saves.y).reshape(norm.y.shape),
+                               rstd=_numpy(saves.rstd), xhat_kept=_numpy(saves.kept))
+    dy, dh = _numpy(case.dy), _numpy(case.dh)
+    if n.residual:
+        out = getattr(ref, f"{name}_backward")(dy, dh, dataclasses.replace(cache, norm=norm))
+    else:
+        out = getattr(ref, f"{name}_backward")(dy, norm)
+    return Want(dict(zip(_names(case), out, strict=True)), norm, dy, dh)
+
+
+def _top(a: np.ndarray) -> float:
+    a = a[np.isfinite(a)]
+    return float(np.max(a)) if a.size else 0.0
+
+
+def sizes(want: Want, rows: slice = slice(None)) -> dict[str, float]:
+    """The size of the terms that make each result (the comparison's ``scale``), as
+    tests/fuzzing.py's family_scales, from the reference's own terms on ``rows``: g = dy *
+    scale, dx = dh + rstd * (g - [mean(g)] - xhat * mean(g * xhat)); |xhat| counts as at
+    least 1."""
+    c = want.norm
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        xhat = c.xhat().astype(np.float64)[rows]
+        dy = want.dy.astype(np.float64)[rows]
+        rstd = c.rstd.astype(np.float64)[rows, None]
+        g = dy * (1.0 if c.scale is None else c.scale.astype(np.float64))
+        dnorm = rstd * (np.abs(g) + (np.abs(g.mean(1, keepdims=True)) if c.centred else 0.0)
+                        + np.abs(xhat) * np.abs(g * xhat).mean(1, keepdims=True))
+        dh = 0.0 if want.dh is None else np.abs(want.dh.astype(np.float64))[rows]
+        xhat1 = np.maximum(np.abs(xhat), 1.0)
+        dx = _top(dnorm + dh)
+        return {"dx": dx, "dresidual": dx,
+                "dgamma": _top(np.nansum(np.abs(dy) * xhat1, axis=0)),
+                "dbeta": _top(np.abs(dy).sum(0))}
+
+
+def assert_matches_reference(case: Case, saves: Saves | None = None, *,
+                             rows_scaled: bool = False) -> tuple[dict, Saves]:
+    """Every result of backward_from_y on ``saves`` (default :func:`saves_of`) within the
+    table of the reference's on the same saves, in the right dtype and shape (dx and
+    dresidual per row, relative to the row's size, when ``rows_scaled``); returns ours."""
+    saves = saves_of(case) if saves is None else saves
+    got = run_from_y(case, saves)
+    want = reference(case, saves)
+    size = sizes(want)
+    for name, g in got.items():
+        w = want.results[name]
+        if w is None:
+            assert g is None, f"{name} should be None"
+            continue
+        ref_t = {"dx": case.x, "dresidual": case.residual, "dgamma": case.weight,
+                 "dbeta": case.bias}[name]
+        assert g.dtype == ref_t.dtype and tuple(g.shape) == w.shape, (name, g.dtype, g.shape)
+        param = name in ("dgamma", "dbeta")
+        dt = _coarser(_name(g.dtype), _compute(saves.rstd.dtype))
+        quantity = ("param" if dt == "float64" else "gpu-param") if param else "out"
+        a = _numpy(g).astype(np.float64)
+        if rows_scaled and not param:
+            for r in range(a.shape[0]):
+                row_size = sizes(want, slice(r, r + 1))[name]
+                tolerances.assert_close(a[r], w[r], dt, quantity, scale=row_size,
+                                        name=f"{name}[{r}]")
+        else:
+            tolerances.assert_close(a, w, dt, quantity, scale=size[name], name=name)
+    return got, saves
+
+
+# --- every norm and dtype, both paths ---------------------------------------------------------
+
+
+def _some_kept(case: Case) -> Case:
+    """Channels of both kinds: a zero scale on channel 3 and |bias| = 40 on channel 5 (kept,
+    the latter for LayerNorm), the rest recovered."""
+    if case.weight is not None:
+        case.weight[3] = -1.0 if case.zero_centered_gamma else 0.0
+    if case.bias is not None:
+        case.bias[5] = 40.0
+    return case
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("name", list(NORMS))
+def test_matches_the_reference(name, dtype, row_len):
+    """Protects the memory-efficient backward of every norm in each dtype, on both paths: xhat
+    recovered from y on most channels and read from kept on the others (a zero weight; a bias
+    40 times the weight), dx, dresidual, dw and db within the table of the reference's
+    memory-efficient backward on the same saves, in their dtypes."""
+    case = _some_kept(make_case(name, 9, row_len, dtype))
+    _, saves = assert_matches_reference(case)
+    assert 3 in saves.keep.tolist() and (5 in saves.keep.tolist()) == case.norm.centred
+
+
+@pytest.mark.parametrize("affine", ["none", "weight", "bias"])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_parameters_each_optional(name, affine):
+    """Protects weight and bias being independently optional: without weight the scale is 1
+    (no division), without bias the shift is 0 (no subtraction), an absent parameter gets no
+    gradient, and the rest is the reference's."""
+    if affine == "bias" and not NORMS[name].centred:
+        pytest.skip("RMSNorm has no bias")
+    case = make_case(name, 6, SHORT_D, "float32", affine=affine)
+    if case.bias is not None:
+        case.bias[5] = 40.0  # kept: |bias| > 4 * 1
+    _, saves = assert_matches_reference(case)
+    assert saves.keep.tolist() == ([5] if affine == "bias" else [])
+
+
+@pytest.mark.parametrize("dtype,param_dtype", [("bfloat16", None), ("float32", "bfloat16"),
+                                               ("float64", None)])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_zero_centered_gamma(name, dtype, param_dtype):
+    """Protects zero_centered_gamma: the scale y is divided by is 1 + weight formed in the
+    compute dtype (a bfloat16 weight of 2**-10 gives 1 + 2**-10, not 1), and a weight of -1
+    (scale 0) is kept, not divided by."""
+    case = make_case(name, 6, SHORT_D, dtype, param_dtype=param_dtype, zero_centered_gamma=True)
+    case.weight[0] = 2.0**-10
+    case.weight[2] = -1.0
+    _, saves = assert_matches_reference(case)
+    assert 2 in saves.keep.tolist() and 0 not in saves.keep.tolist()
+
+
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_add_norm_dtypes(name, row_len):
+    """Protects the add-norms' dtypes: bfloat16 x (and y) on a float32 residual stream computes
+    in float32 (T from kept) with dx in bfloat16 and dresidual in float32; bfloat16 x with a
+    float64 h computes in float64 (T float64: the add in float64, so dresidual = dx + dh is
+    not rounded to float32 first)."""
+    for h_dtype in ("float32", "float64"):
+        case = _some_kept(make_case(name, 6, row_len, "bfloat16", residual_dtype="float32",
+                                    h_dtype=h_dtype))
+        got, saves = assert_matches_reference(case)
+        assert saves.kept.dtype == saves.rstd.dtype == getattr(torch, h_dtype)
+        assert got["dx"].dtype == torch.bfloat16 and got["dresidual"].dtype == torch.float32
+
+
+# --- the recovery's hard cases ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("name", list(NORMS))
+def test_zero_weights(name, dtype, row_len):
+    """Protects channels whose scale is exactly 0 (y there is the bias, xhat lost): kept, so
+    their dw = sum(dy * xhat) comes from kept, never from (y - bias) / 0 = NaN or inf, and dx
+    (whose g is 0 there) is finite everywhere."""
+    case = make_case(name, 7, row_len, dtype)
+    zero = [0, 1, 4, row_len - 1]
+    case.weight[zero] = 0.0
+    got, saves = assert_matches_reference(case)
+    assert set(zero) <= set(saves.keep.tolist())
+    assert all(torch.isfinite(v).all() for v in got.values() if v is not None)
+    assert (got["dgamma"][zero] != 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("name", list(NORMS))
+@OVERFLOW_IS_AN_ANSWER
+def test_weights_across_eight_decades(name, dtype, row_len):
+    """Protects the division on weights from 1e-4 to 1e4 of either sign (bias N(0, 1)): small
+    ones with |bias| > 4 |weight| kept, the rest recovered by a correctly rounded division;
+    float16's large ones kept as well (|weight| sqrt(D) + |bias| past half its largest value,
+    y could overflow)."""
+    case = make_case(name, 6, row_len, dtype)
+    g = torch.Generator().manual_seed(4)
+    mag = torch.logspace(-4, 4, row_len, dtype=torch.float64)[torch.randperm(row_len, generator=g)]
+    sign = torch.where(torch.rand(row_len, generator=g) < 0.5, -1.0, 1.0)
+    case.weight.copy_((mag * sign).to(case.weight.dtype))
+    if case.bias is not None:
+        case.bias.copy_(torch.randn(row_len, generator=g, dtype=torch.float64))
+    _, saves = assert_matches_reference(case)
+    k = len(saves.keep)
+    assert 0 < k < row_len if case.bias is not None else k == 0 or dtype == "float16"
+    if dtype == "float16":
+        big = (case.weight.abs() * row_len**0.5 > 32752).nonzero().flatten().tolist()
+        assert big and set(big) <= set(saves.keep.tolist())
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
+def test_every_channel_kept(name, dtype, row_len):
+    """Protects k = D: a bias of 1e4 times the weight (|shift / scale| = 1e4 > 4) keeps every
+    channel, so xhat comes from kept alone, y only being read."""
+    case = make_case(name, 6, row_len, dtype)
+    case.bias.copy_((1e4 * case.weight.double()).to(case.bias.dtype))
+    _, saves = assert_matches_reference(case)
+    assert saves.keep.tolist() == list(range(row_len))
+
+
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("name", list(NORMS))
+def test_nothing_kept(name, dtype, row_len):
+    """Protects k = 0 (weights at their initial values, weight = 1 and bias = 0; and no
+    parameters): xhat recovered on every channel, kept an (M, 0) tensor, no map; and the
+    result is close to the default backward's (which rebuilds xhat from xn)."""
+    for affine in ("both", "none"):
+        case = make_case(name, 6, row_len, dtype, affine=affine)
+        if case.weight is not None:
+            case.weight.fill_(1.0)
+        if case.bias is not None:
+            case.bias.fill_(0.0)
+        got, saves = assert_matches_reference(case)
+        assert saves.keep.numel() == 0 and saves.kept.shape == (6, 0)
+        y, h, mean, rstd = kernels.forward(case.x, case.residual, case.weight, case.bias,
+                                           case.eps, centred=case.norm.centred)
+        n = case.norm
+        default = kernels.backward(case.dy, case.dh, h if n.residual else case.x, case.weight,
+                                   case.bias, mean, rstd, centred=n.centred,
+                                   x_dtype=case.x.dtype,
+                                   residual_dtype=case.residual.dtype if n.residual else None)
+        size = float(default[0].double().abs().max())
+        tol = tolerances.tolerance(_coarser(dtype, _compute(rstd.dtype)), "out")
+        # both within the table of the truth, so within twice it of each other, plus y's own
+        # rounding carried into xhat (u * |xhat|, |xhat| <= sqrt(D))
+        u = 2.0 ** -(1 + {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}[dtype])
+        diff = float((got["dx"].double() - default[0].double()).abs().max())
+        assert diff <= (2 * tol.atol + 2 * tol.rtol + 4 * u * row_len**0.5) * size, (diff, size)
+
+
+# --- rows the forward rescaled, constant rows --------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", list(NORMS))
+@OVERFLOW_IS_AN_ANSWER
+def test_rescaled_rows(name, dtype, monkeypatch):
+    """Protects rows whose sums overflow (the forward's rstd negative, the statistics of
+    xn * s): given rstd with s folded back in (s * |rstd|, what a memory-efficient forward
+    keeps), dx matches the reference's row by row; given the forward's marked rstd, which y
+    cannot complete, that row's dx is NaN (never a silently wrong value) and the other rows,
+    dw and db are unchanged. Short and long rows."""
+    for long in (False, True):
+        if long:
+            monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 4)
+            monkeypatch.setattr(kernels, "LONG_BLOCK", 4)
+            assert kernels.plan("bwd", 8, wide=True).long
+        case = make_case(name, 5, 8, dtype)
+        _rescaled_rows(case)
+        good, saves = assert_matches_reference(case, saves_of(case, true_rstd=True),
+                                               rows_scaled=True)
+        marked = saves_of(case)
+        rescaled = (marked.rstd < 0).nonzero().flatten().tolist()
+        assert rescaled == [0, 2, 3]
+        bad = run_from_y(case, dataclasses.replace(saves, rstd=marked.rstd))
+        for k, v in bad.items():
+            if k in ("dx", "dresidual"):
+                assert torch.isnan(v[rescaled]).all(), k
+                assert torch.equal(v[[1, 4]], good[k][[1, 4]]), k
+            else:
+                assert torch.equal(v, good[k]), k
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_constant_rows(name, row_len):
+    """Protects constant rows (y = bias, xhat = 0 recovered exactly on channels whose bias is
+    a float32 value: y - shift = 0): dx = rstd * (g - mean(g)) as in the reference, finite,
+    with rstd = 1/sqrt(eps)."""
+    case = make_case(name, 5, row_len, "float32")
+    for r, v in ((1, 0.1), (3, -3.3)) if case.norm.centred else ((1, 0.0), (3, 0.0)):
+        case.x[r] = v
+        if case.residual is not None:
+            case.residual[r] = 0.0
+    got, _ = assert_matches_reference(case, rows_scaled=True)
+    assert all(torch.isfinite(v).all() for v in got.values() if v is not None)
+
+
+# --- layouts, M = 0, determinism, bad input -----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_row_strides(name, row_len):
+    """Protects y, dy, dh and kept read in place through their row strides: bitwise the
+    results of contiguous copies."""
+    case = _some_kept(make_case(name, 5, row_len, "float32"))
+    saves = saves_of(case)
+    want = run_from_y(case, saves)
+    wide = torch.full((5, saves.kept.shape[1] + 7), float("nan"), dtype=saves.kept.dtype,
+                      device=DEVICE)
+    wide[:, 2:2 + saves.kept.shape[1]] = saves.kept
+    laid_out = Case(**{**case.__dict__, "dy": strided(case.dy), "dh": strided(case.dh)})
+    got = run_from_y(laid_out, dataclasses.replace(
+        saves, y=strided(saves.y), kept=wide[:, 2:2 + saves.kept.shape[1]]))
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_deterministic(name, row_len, monkeypatch):
+    """Protects bit-identical results run to run with several programs writing partial rows
+    of dw and db (16 "SMs")."""
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 16)
+    case = _some_kept(make_case(name, 64 if row_len == SHORT_D else 12, row_len, "bfloat16"))
+    saves = saves_of(case)
+    first, second = run_from_y(case, saves), run_from_y(case, saves)
+    for k in first:
+        assert torch.equal(first[k], second[k]), k
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_empty_batch(name):
+    """Protects M = 0: empty outputs of the right shapes and dtypes, zero parameter gradients,
+    no launch."""
+    case = _some_kept(make_case(name, 0, 16, "bfloat16", residual_dtype="float32",
+                                h_dtype="float32"))
+    keep = torch.tensor([3], dtype=torch.int64, device=DEVICE)
+    saves = Saves(torch.empty((0, 16), dtype=torch.bfloat16, device=DEVICE),
+                  torch.empty(0, device=DEVICE), keep, torch.empty((0, 1), device=DEVICE))
+    got = run_from_y(case, saves)
+    assert got["dx"].shape == (0, 16) and got["dx"].dtype == torch.bfloat16
+    assert torch.equal(got["dgamma"], torch.zeros_like(case.weight))
+    if case.norm.residual:
+        assert got["dresidual"].dtype == torch.float32
+
+
+def test_bad_input():
+    """Protects the launcher's contract: what would be read wrong (a bias for RMSNorm, dh
+    without an add-norm, keep not int64, kept or rstd of another dtype or shape, more channels
+    kept than there are) is an error naming the argument, not a silent result."""
+    case = _some_kept(make_case("layer_norm", 4, 8, "float32"))
+    s = saves_of(case)
+    dy, w, b = case.dy, case.weight, case.bias
+
+    def call(**kw):
+        a = {"dy": dy, "dh": None, "y": s.y, "weight": w, "bias": b, "rstd": s.rstd,
+             "keep": s.keep, "kept": s.kept, "centred": True, **kw}
+        return kernels.backward_from_y(**a)
+
+    call()
+    for kw, match in (({"centred": False}, "bias"), ({"dh": dy}, "dh"),
+                      ({"keep": s.keep.int()}, "keep"),
+                      ({"kept": s.kept.bfloat16()}, "kept must be float32 or float64"),
+                      ({"kept": s.kept[:, :1]}, "kept must be"),
+                      ({"kept": s.kept.double()}, "rstd"),
+                      ({"rstd": s.rstd[:3]}, "rstd"),
+                      ({"keep": torch.arange(9, device=DEVICE),
+                        "kept": torch.zeros((4, 9), device=DEVICE)}, "more than D"),
+                      ({"y": s.y[:, :7]}, "must have shape")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            call(**kw)
