@@ -26,6 +26,7 @@
 #include <string>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -451,15 +452,24 @@ Tensor keep_of(const OptTensor& weight, const OptTensor& bias, bool zero_centere
       for (int64_t j = 0; j < d; ++j) keep[j] = j;
     }
   } else {
-    const Tensor s = weight.has_value()
-                         ? scale_of(weight, d, cdt, zero_centered_gamma).to(at::kDouble).contiguous()
-                         : at::ones({d}, options.dtype(at::kDouble));
-    const Tensor b = bias.has_value() ? bias->to(cdt).to(at::kDouble).contiguous()
-                                      : at::zeros({d}, options.dtype(at::kDouble));
-    const double* sp = s.const_data_ptr<double>();
-    const double* bp = b.const_data_ptr<double>();
-    for (int64_t j = 0; j < d; ++j) {
-      if (!recovered(std::abs(sp[j]), std::abs(bp[j]))) keep.push_back(j);
+    // the scale and shift as the kernel forms them in T, read as T
+    const Tensor s = weight.has_value() ? scale_of(weight, d, cdt, zero_centered_gamma)
+                                        : Tensor();
+    const Tensor b = bias.has_value() ? bias->to(cdt).contiguous() : Tensor();
+    auto scan = [&](auto zero) {
+      using T = decltype(zero);
+      const T* sp = s.defined() ? s.const_data_ptr<T>() : nullptr;
+      const T* bp = b.defined() ? b.const_data_ptr<T>() : nullptr;
+      for (int64_t j = 0; j < d; ++j) {
+        const double sj = sp ? std::abs(static_cast<double>(sp[j])) : 1.0;
+        const double bj = bp ? std::abs(static_cast<double>(bp[j])) : 0.0;
+        if (!recovered(sj, bj)) keep.push_back(j);
+      }
+    };
+    if (cdt == ScalarType::Double) {
+      scan(0.0);
+    } else {
+      scan(0.0f);
     }
   }
   Tensor out = at::empty({static_cast<int64_t>(keep.size())}, options.dtype(at::kLong));
@@ -467,16 +477,40 @@ Tensor keep_of(const OptTensor& weight, const OptTensor& bias, bool zero_centere
   return out;
 }
 
-// kept (M, k) in cdt: xhat of the channels `keep` of the rows xn (M, D), from the statistics.
+// kept (M, k) in cdt: xhat of the channels `keep` of the rows xn (M, D), from the statistics,
+// in float64 rounded once to cdt.
 Tensor kept_of(const Tensor& xn, const Tensor& stats, const Tensor& keep, ScalarType cdt) {
-  const int64_t d = xn.size(-1), m = xn.numel() / d;
-  if (keep.numel() == 0) return at::empty({m, 0}, xn.options().dtype(cdt));
-  const Tensor cols = xn.reshape({m, d}).index_select(1, keep).to(at::kDouble);  // (M, k)
-  auto column = [&](int64_t c) { return stats.select(1, c).unsqueeze(1); };  // (M, 1)
-  const Tensor xhat = ((cols * column(g_config.scale) - column(g_config.hi)) -
-                       column(g_config.lo)) *
-                      column(g_config.rstd);
-  return xhat.to(cdt);
+  const int64_t d = xn.size(-1), m = xn.numel() / d, k = keep.numel();
+  Tensor out = at::empty({m, k}, xn.options().dtype(cdt));
+  if (k == 0 || m == 0) return out;
+  const Tensor xc = xn.contiguous();
+  const int64_t* kp = keep.const_data_ptr<int64_t>();
+  const double* st = stats.const_data_ptr<double>();
+  const int64_t ns = g_config.nstats;
+  const int64_t chi = g_config.hi, clo = g_config.lo, cr = g_config.rstd, cs = g_config.scale;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "kept", [&] {
+    const scalar_t* xp = xc.const_data_ptr<scalar_t>();
+    auto fill = [&](auto* op) {
+      using T = std::remove_pointer_t<decltype(op)>;
+      at::parallel_for(0, m, grain(k), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const double* s = st + i * ns;
+          const double sc = s[cs], hi = s[chi], lo = s[clo], r = s[cr];
+          const scalar_t* row = xp + i * d;
+          T* o = op + i * k;
+          for (int64_t j = 0; j < k; ++j) {
+            o[j] = static_cast<T>(((static_cast<double>(row[kp[j]]) * sc - hi) - lo) * r);
+          }
+        }
+      });
+    };
+    if (cdt == ScalarType::Double) {
+      fill(out.mutable_data_ptr<double>());
+    } else {
+      fill(out.mutable_data_ptr<float>());
+    }
+  });
+  return out;
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> fwd_y_cpu(
@@ -525,10 +559,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
                     "layernorm: kept must be the forward's (M, k) = (", m, ", ", k,
                     ") float32 or float64 xhat, got ", kept.sizes(), " ", cdt);
   const Tensor keepc = keep.contiguous();
-  if (k > 0) {  // the kernel indexes rows of y by these: none may fall outside them
-    const auto [lo, hi] = at::aminmax(keepc);
-    TORCH_CHECK_VALUE(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < d,
-                      "layernorm: keep must hold channels in [0, ", d, ")");
+  {  // the kernel indexes rows of y by these: none may fall outside them
+    const int64_t* kp = keepc.const_data_ptr<int64_t>();
+    for (int64_t j = 0; j < k; ++j) {
+      TORCH_CHECK_VALUE(kp[j] >= 0 && kp[j] < d, "layernorm: keep must hold channels in [0, ",
+                        d, "), got ", kp[j]);
+    }
   }
   const ScalarType ydt = y.scalar_type();
   const ScalarType dxdt = x_dtype.value_or(ydt);
