@@ -334,6 +334,41 @@ def test_saved_bytes_with_a_wider_residual_stream():
     assert r["xn"] == 4 and r["default"] - r["me"] == _M * _D * 4, r
 
 
+@pytest.fixture
+def python_autograd():
+    """The ops' Python autograd (what CUDA tensors get) registered over the C++ one for CPU
+    tensors while a test runs, on the C++ kernels: torch.library's own autograd kernel made
+    from _ops' setup_context and backward, as register_autograd makes it."""
+    la = pytest.importorskip("torch._library.autograd")
+    if not (hasattr(la, "make_autograd_impl") and hasattr(la, "Info")):
+        pytest.skip("this torch has no torch._library.autograd.make_autograd_impl")
+    kernel = la.make_autograd_impl(_ops.fwd_y, la.Info(_ops._backward_y,
+                                                       _ops._setup_context_y))
+    lib = torch.library.Library("layernorm", "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Oo]verrid")
+        lib.impl("fwd_y", kernel, "AutogradCPU", with_keyset=True, allow_override=True)
+    try:
+        yield
+    finally:
+        lib._destroy()
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_python_autograd_saves_y(name, python_autograd):
+    """Protects the Python autograd of fwd_y (CUDA's, and the CPU's without the C++
+    operator): the same exact saving as the C++ path for a norm and Linear, with and without
+    kept channels; gradients equal the default mode's; y changed in place raises torch's
+    error; a differentiated backward raises the mode's error."""
+    for kept in (0, 3):
+        r = _norm_linear_bytes(name, torch.float32, kept)
+        assert r["default"] - r["me"] == _expected_saving(r), (kept, r)
+    t = _inputs(name, (4, 32), torch.float32, seed=13)
+    _close_to(_grads(name, t, me=True), _grads(name, t, me=False), "float32", name)
+    test_y_changed_in_place_raises(name)
+    test_double_backward_raises(name)
+
+
 # The Python autograd of the mode on the Python CPU kernels (where the C++ operator is not
 # built): saved bytes, gradients, version counter and double backward, printed as JSON.
 _PYTHON_AUTOGRAD = textwrap.dedent("""
