@@ -12,7 +12,10 @@
 CPU tensors run the fused Numba kernels on the tensors' own memory; CUDA tensors run the
 Triton kernels. float16, bfloat16, float32 and float64 on both. Each function is a
 ``torch.library`` custom op with a fake implementation (``torch.compile(fullgraph=True)``),
-autograd (double backward included) and torch's autocast rule. docs/torch.md has the details.
+autograd (double backward included) and torch's autocast rule. ``memory_efficient=True`` (every
+function, both modules, ``replace_norms``) makes training keep each norm's output y instead of
+its input, which the next layer keeps anyway; its backward cannot be differentiated again.
+docs/torch.md has the details.
 Needs the extra ``torch`` (torch and numba; triton for CUDA).
 """
 
