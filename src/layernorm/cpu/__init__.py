@@ -16,6 +16,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without numba
 
 from .api import (
     CpuNormCache,
+    CpuOutputCache,
     add_layer_norm_backward,
     add_layer_norm_forward,
     add_rms_norm_backward,
@@ -30,6 +31,7 @@ from .module import LayerNorm, RMSNorm
 
 __all__ = [
     "CpuNormCache",
+    "CpuOutputCache",
     "LayerNorm",
     "RMSNorm",
     "add_layer_norm_backward",

@@ -4,6 +4,11 @@ Same maths, signatures and results as :mod:`layernorm.reference` (within the tol
 only the caches differ. Each function checks its arguments, views each array as the kernels'
 storage (float16 and bfloat16 as their bits), runs one kernel and hands back arrays of the
 caller's dtypes. The caller's arrays are never written; ``out=`` arrays must not overlap them.
+
+Two caches: :class:`CpuNormCache` (the default) refers to x and the backward recomputes xhat
+from it; :class:`CpuOutputCache` (``memory_efficient=True``) keeps y, returned read-only, and
+the backward recovers xhat = (y - shift) / scale from it, reading the xhat the forward kept
+for the channels :func:`layernorm.recovery.kept_channels` names.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .._validate import (
 )
 from ..dtypes import compute_dtype, widest_compute_dtype
 from ..family import NORMS, Norm
+from ..recovery import kept_channels
 from ..reference import form_scale
 from . import entry, kernels, memory
 from .entry import pointer
@@ -35,6 +41,7 @@ from .kernels import HI, LO, NSTATS, RSTD, SCALE
 
 __all__ = [
     "CpuNormCache",
+    "CpuOutputCache",
     "add_layer_norm_backward",
     "add_layer_norm_forward",
     "add_rms_norm_backward",
@@ -46,8 +53,25 @@ __all__ = [
 ]
 
 
+class _RowStats:
+    """The per-row statistics both caches keep, read as the reference's."""
+
+    stats: np.ndarray
+
+    @property
+    def mean(self) -> np.ndarray:
+        """(M,) float64 row means (HI + LO rounded to float64, unscaled; 0 for RMSNorm)."""
+        s = self.stats
+        return (s[:, HI] + s[:, LO]) / s[:, SCALE]
+
+    @property
+    def rstd(self) -> np.ndarray:
+        """(M,) float64 1/sqrt(var + eps) (LayerNorm) or 1/sqrt(mean(x²) + eps) (RMSNorm)."""
+        return self.stats[:, RSTD] * self.stats[:, SCALE]
+
+
 @dataclass(frozen=True)
-class CpuNormCache:
+class CpuNormCache(_RowStats):
     """What the fused backward needs from the forward.
 
     Attributes:
@@ -85,21 +109,59 @@ class CpuNormCache:
     inputs: tuple[Region, ...] = ()
 
     @property
-    def mean(self) -> np.ndarray:
-        """(M,) float64 row means (HI + LO rounded to float64, unscaled; 0 for RMSNorm)."""
-        s = self.stats
-        return (s[:, HI] + s[:, LO]) / s[:, SCALE]
-
-    @property
-    def rstd(self) -> np.ndarray:
-        """(M,) float64 1/sqrt(var + eps) (LayerNorm) or 1/sqrt(mean(x²) + eps) (RMSNorm)."""
-        return self.stats[:, RSTD] * self.stats[:, SCALE]
-
-    @property
     def nbytes(self) -> int:
         """Bytes the cache holds of its own: stats, checksums and scale, and x when a copy."""
         own = self.stats.nbytes + self.check.nbytes + self.scale.nbytes
         return own + (self.x.nbytes if self.owns_x else 0)
+
+
+@dataclass(frozen=True)
+class CpuOutputCache(_RowStats):
+    """What the memory-efficient fused backward needs from the forward: y instead of x.
+
+    The backward recovers xhat_j = (y_j - shift_j) / scale_j in the compute dtype T and reads
+    ``kept`` on the channels :func:`layernorm.recovery.kept_channels` names (the reference's
+    :class:`layernorm.reference.OutputCache`, with the fused statistics).
+
+    Attributes:
+        norm: the family member (:data:`layernorm.family.NORMS`) that ran.
+        y: (M, D) the forward's output as the kernels store it (float16/bfloat16 as their
+            bits), a read-only view of the y returned: the array the next layer keeps anyway,
+            so it is not counted in ``nbytes``.
+        stats: (M, NSTATS) float64 per row, as in :class:`CpuNormCache` (rstd = RSTD * SCALE).
+        scale: (D,) gamma (or 1 + gamma) in T, a copy (ones without gamma).
+        shift: (D,) beta in T, a copy (zeros for RMSNorm or without beta).
+        keep: (k,) int64, ascending: the channels whose xhat cannot be recovered from y.
+        kept: (M, k) xhat of those channels in T, ((x * SCALE - HI) - LO) * RSTD formed in
+            float64 from the statistics and rounded once (x is h for an add-norm).
+        gamma_dtype, beta_dtype, x_shape, x_dtype, residual_dtype: as in
+            :class:`CpuNormCache`.
+        inputs: where the caller's arrays live, so that the backward's ``out=`` is refused
+            when it overlaps them.
+    """
+
+    norm: Norm
+    y: np.ndarray
+    stats: np.ndarray
+    scale: np.ndarray
+    shift: np.ndarray
+    keep: np.ndarray
+    kept: np.ndarray
+    gamma_dtype: np.dtype | None
+    beta_dtype: np.dtype | None
+    x_shape: tuple[int, ...]
+    x_dtype: np.dtype
+    residual_dtype: np.dtype | None
+    inputs: tuple[Region, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds of its own: stats, the kept channels (keep and kept) and the
+        copies of scale and shift; not y, the caller's output."""
+        return sum(a.nbytes for a in (self.stats, self.keep, self.kept, self.scale, self.shift))
+
+
+_CACHES = (CpuNormCache, CpuOutputCache)
 
 
 _BITS = {"float16": np.uint16, "bfloat16": np.int16}  # half dtypes travel as their bits
@@ -151,7 +213,8 @@ _OVERLAP = "(the caller's arrays are never written, and the backward reads x)"
 
 def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: object, eps: object,
              zero_centered_gamma: bool, residual_dtype: object, out: object, out_h: object,
-             checksum: object = True) -> tuple[np.ndarray, np.ndarray | None, CpuNormCache]:
+             checksum: object = True, memory_efficient: object = False,
+             ) -> tuple[np.ndarray, np.ndarray | None, CpuNormCache | CpuOutputCache]:
     given = (x, residual, gamma, beta)  # the caller's objects, before any conversion
     x = check_x(x)
     d = x.shape[-1]
@@ -159,11 +222,16 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
     beta = check_param(beta, "beta", d) if norm.centred else None
     zero_centered_gamma = check_flag(zero_centered_gamma, "zero_centered_gamma")
     checksum = check_flag(checksum, "checksum")
+    memory_efficient = check_flag(memory_efficient, "memory_efficient")
+    if memory_efficient and out is not None:
+        raise ValueError("out= cannot be combined with memory_efficient=True: the cache reads "
+                         "y, and a caller's out array could be changed before the backward")
     if norm.residual:
         residual = check_shape(residual, "residual", x.shape, "x")
         h_dtype = check_dtype(residual_dtype, "residual_dtype", x.dtype)
     cdt = compute_dtype(h_dtype if norm.residual else x.dtype)
     eps = check_eps(eps, cdt)
+    checksum = checksum and not memory_efficient  # x is not kept: nothing to verify
     # the caller's objects, and the arrays made of them (an array-like's memory is only
     # visible through its array)
     callers = (*given, x, residual, gamma, beta)
@@ -195,16 +263,36 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
                    pointer(beta_c), eps, flags, pointer(stats), pointer(check), m, d,
                    r2.shape[1], d, d, m, check.shape[0]),
                   m, m * d, threads())
-    cache = CpuNormCache(
-        norm=norm, x=h2 if norm.residual else x2, stats=stats, check=check, scale=scale,
+    params = dict(
+        norm=norm, stats=stats, scale=scale,
         gamma_dtype=None if gamma is None else gamma.dtype,
         beta_dtype=None if beta is None else beta.dtype,
         x_shape=x.shape, x_dtype=x.dtype,
         residual_dtype=residual.dtype if norm.residual else None,
-        owns_x=copied and not norm.residual,
         inputs=tuple(r for r in map(region, callers) if r is not None),
     )
+    if memory_efficient:
+        keep = kept_channels(scale, beta_c, x.dtype, d)  # (k,) int64
+        xn = (h if norm.residual else xc).reshape(m, d)  # (M, D) what was normalized
+        kept = _kept_xhat(xn, keep, stats, cdt)  # (M, k)
+        y.flags.writeable = False  # the backward reads it: a change would go unnoticed
+        y2.flags.writeable = False
+        return y, h, CpuOutputCache(y=y2, shift=beta_c.copy() if beta_c is beta else beta_c,
+                                    keep=keep, kept=kept, **params)
+    cache = CpuNormCache(x=h2 if norm.residual else x2, check=check,
+                         owns_x=copied and not norm.residual, **params)
     return y, h, cache
+
+
+def _kept_xhat(xn: np.ndarray, keep: np.ndarray, stats: np.ndarray,
+               cdt: np.dtype) -> np.ndarray:
+    """(M, k) xhat of the channels ``keep`` of xn (M, D), as the kernels define it: ((x * SCALE
+    - HI) - LO) * RSTD per row, in float64 from the statistics, rounded once to ``cdt``."""
+    xk = xn[:, keep].astype(np.float64)  # (M, k)
+    s = stats[:, :, None]  # (M, NSTATS, 1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        xhat = (((xk * s[:, SCALE]) - s[:, HI]) - s[:, LO]) * s[:, RSTD]  # (M, k) float64
+    return np.ascontiguousarray(xhat, dtype=cdt)
 
 
 def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
@@ -212,14 +300,17 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
                                               np.ndarray | None, np.ndarray | None]:
     given = (dy, dh)
     producer = f"layernorm.cpu.{norm.name}_forward"
-    dy = check_dy(dy, cache, CpuNormCache, producer)
+    dy = check_dy(dy, cache, _CACHES, producer)
     if cache.norm != norm:
         raise ValueError(f"cache must come from {producer}, got one from "
                          f"layernorm.cpu.{cache.norm.name}_forward")
     if dh is not None:
         dh = check_shape(dh, "dh", cache.x_shape, "h")
-    m, d = cache.x.shape
-    avoid = (*given, dy, dh, cache.x, cache.scale, *cache.inputs)
+    from_y = isinstance(cache, CpuOutputCache)
+    src = cache.y if from_y else cache.x  # (M, D) what the backward reads xhat from
+    m, d = src.shape
+    kept = (cache.shift, cache.kept) if from_y else ()
+    avoid = (*given, dy, dh, src, cache.scale, *kept, *cache.inputs)
     dx = _output(out, "out", cache.x_shape, cache.x_dtype, avoid, _OVERLAP)
     dres = None
     if norm.residual:
@@ -234,28 +325,35 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     dx2 = _storage(dx).reshape(m, d)
     # an absent dh or dresidual is an (M, 0) stand-in (entry.backward_key names the kernel)
     if dh is None:
-        dh2 = _none(m, cache.x.dtype)
+        dh2 = _none(m, src.dtype)
     else:
         dh2 = _storage(_contiguous(dh, dh.dtype if compute_dtype(dh.dtype) == adt
                                    else adt)[0]).reshape(m, d)
     dres2 = _none(m, dx2.dtype) if dres is None else _storage(dres).reshape(m, d)
     c = kernels.n_chunks(m)
     partial = np.empty((c, 2, d))  # (C, 2, D) float64
-    mc = cache.check.shape[0]  # rows to verify: M, or 0 for a forward without checksums
-    ok = np.ones(mc, np.bool_)  # (M,) or (0,)
     dy2 = dy2.reshape(m, d)
-    key = entry.backward_key(_name(cache.x.dtype), _name(dy2.dtype),
-                             None if dh is None else _name(dh2.dtype), _name(dx2.dtype),
-                             None if dres is None else _name(dres2.dtype), _name(cdt),
-                             _name(adt))
+    names = (_name(src.dtype), _name(dy2.dtype), None if dh is None else _name(dh2.dtype),
+             _name(dx2.dtype), None if dres is None else _name(dres2.dtype), _name(cdt),
+             _name(adt))
+    flags = kernels.CENTRED if norm.centred else 0
+    ok = np.ones(0 if from_y else cache.check.shape[0], np.bool_)  # (M,) or (0,): verified rows
     sums = np.zeros((2, d))  # (2, D) float64: dgamma, dbeta
-    if m:
-        entry.run(entry.ctypes_fn(key),
-                  (pointer(cache.x), pointer(dy2), pointer(dh2), pointer(dx2), pointer(dres2), 0,
-                   pointer(cache.scale), pointer(cache.stats), pointer(cache.check),
-                   kernels.CENTRED if norm.centred else 0, pointer(partial), pointer(ok), m, d,
-                   dh2.shape[1], dres2.shape[1], mc, c),
+    if m and from_y:
+        entry.run(entry.ctypes_fn(entry.backward_y_key(*names)),
+                  (pointer(src), pointer(dy2), pointer(dh2), pointer(dx2), pointer(dres2), 0,
+                   pointer(cache.scale), pointer(cache.shift), pointer(cache.keep),
+                   pointer(cache.kept), pointer(cache.stats), flags, pointer(partial), m, d,
+                   dh2.shape[1], dres2.shape[1], cache.keep.shape[0], c),
                   c, m * d, threads())
+    elif m:
+        mc = cache.check.shape[0]  # rows to verify: M, or 0 for a forward without checksums
+        entry.run(entry.ctypes_fn(entry.backward_key(*names)),
+                  (pointer(src), pointer(dy2), pointer(dh2), pointer(dx2), pointer(dres2), 0,
+                   pointer(cache.scale), pointer(cache.stats), pointer(cache.check), flags,
+                   pointer(partial), pointer(ok), m, d, dh2.shape[1], dres2.shape[1], mc, c),
+                  c, m * d, threads())
+    if m:
         entry.ctypes_fn("reduce")(pointer(partial), pointer(sums), c, d)
     if not ok.all():
         what = "h (the forward's output)" if norm.residual else "x"
@@ -281,7 +379,8 @@ def layer_norm_forward(
     zero_centered_gamma: bool = False,
     out: np.ndarray | None = None,
     checksum: bool = True,
-) -> tuple[np.ndarray, CpuNormCache]:
+    memory_efficient: bool = False,
+) -> tuple[np.ndarray, CpuNormCache | CpuOutputCache]:
     """Layer norm over the last axis of ``x``, fused: one parallel pass over the rows.
 
     Args:
@@ -298,19 +397,25 @@ def layer_norm_forward(
         checksum: record a checksum of each row of x, which the backward verifies (it raises
             ValueError if x changed in between). False saves its cost (about 40% of the
             forward on rows out of cache), and then a change to x goes unseen.
+        memory_efficient: keep y instead of x: y comes back read-only and the cache, a
+            :class:`CpuOutputCache`, holds it with the statistics and the xhat of the channels
+            whose xhat y cannot give back (:mod:`layernorm.recovery`); the backward recovers
+            the rest from y. x is then free once the forward returns, and no checksum is
+            taken. Cannot be combined with ``out`` (ValueError).
 
     Returns:
-        y: x's shape and dtype (``out`` when given); cache: for :func:`layer_norm_backward`.
+        y: x's shape and dtype (``out`` when given; read-only when memory-efficient); cache:
+        for :func:`layer_norm_backward`.
     """
     y, _, cache = _forward(_LN, x, None, gamma, beta, eps, zero_centered_gamma, None, out, None,
-                           checksum)
+                           checksum, memory_efficient)
     return y, cache
 
 
 def layer_norm_backward(
-    dy: np.ndarray, cache: CpuNormCache, *, out: np.ndarray | None = None
+    dy: np.ndarray, cache: CpuNormCache | CpuOutputCache, *, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """dx, dgamma, dbeta of layer norm given dL/dy and the forward's cache, fused.
+    """dx, dgamma, dbeta of layer norm given dL/dy and the forward's cache (either kind), fused.
 
     ``out`` (optional, x's shape and dtype, C-contiguous) receives dx; it must not overlap dy
     nor the forward's arrays. dgamma and dbeta are None where the forward had no gamma, beta.
@@ -327,21 +432,22 @@ def rms_norm_forward(
     zero_centered_gamma: bool = False,
     out: np.ndarray | None = None,
     checksum: bool = True,
-) -> tuple[np.ndarray, CpuNormCache]:
+    memory_efficient: bool = False,
+) -> tuple[np.ndarray, CpuNormCache | CpuOutputCache]:
     """RMSNorm over the last axis of ``x``, fused: y = scale * x / sqrt(mean(x²) + eps).
 
     Arguments and results as :func:`layer_norm_forward`, without beta.
     """
     y, _, cache = _forward(_RMS, x, None, gamma, None, eps, zero_centered_gamma, None, out, None,
-                           checksum)
+                           checksum, memory_efficient)
     return y, cache
 
 
 def rms_norm_backward(
-    dy: np.ndarray, cache: CpuNormCache, *, out: np.ndarray | None = None
+    dy: np.ndarray, cache: CpuNormCache | CpuOutputCache, *, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """dx, dgamma of RMSNorm given dL/dy and the forward's cache, fused (``out`` as in
-    :func:`layer_norm_backward`)."""
+    """dx, dgamma of RMSNorm given dL/dy and the forward's cache (either kind), fused (``out``
+    as in :func:`layer_norm_backward`)."""
     dx, _, dgamma, _ = _backward(_RMS, dy, None, cache, out, None)
     return dx, dgamma
 
@@ -358,19 +464,22 @@ def add_layer_norm_forward(
     out: np.ndarray | None = None,
     out_h: np.ndarray | None = None,
     checksum: bool = True,
-) -> tuple[np.ndarray, np.ndarray, CpuNormCache]:
+    memory_efficient: bool = False,
+) -> tuple[np.ndarray, np.ndarray, CpuNormCache | CpuOutputCache]:
     """h = x + residual (rounded once to ``residual_dtype``, default x's dtype), then layer
     norm of h, fused in one pass.
 
     Returns y (x's dtype; ``out`` when given), h (``out_h`` when given) and the cache, which
-    refers to h: the backward raises ValueError if h changed in between.
+    refers to h: the backward raises ValueError if h changed in between. With
+    ``memory_efficient`` the cache keeps y (read-only) and the statistics, never h, as in
+    :func:`layer_norm_forward`; ``out_h`` may still be given.
     """
     return _forward(_ADD_LN, x, residual, gamma, beta, eps, zero_centered_gamma,
-                    residual_dtype, out, out_h, checksum)
+                    residual_dtype, out, out_h, checksum, memory_efficient)
 
 
 def add_layer_norm_backward(
-    dy: np.ndarray, dh: np.ndarray | None, cache: CpuNormCache, *,
+    dy: np.ndarray, dh: np.ndarray | None, cache: CpuNormCache | CpuOutputCache, *,
     out: np.ndarray | None = None, out_dresidual: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """dx, dresidual, dgamma, dbeta of :func:`add_layer_norm_forward`: dx = dresidual = dh +
@@ -389,14 +498,15 @@ def add_rms_norm_forward(
     out: np.ndarray | None = None,
     out_h: np.ndarray | None = None,
     checksum: bool = True,
-) -> tuple[np.ndarray, np.ndarray, CpuNormCache]:
+    memory_efficient: bool = False,
+) -> tuple[np.ndarray, np.ndarray, CpuNormCache | CpuOutputCache]:
     """h = x + residual, then RMSNorm of h, fused (as :func:`add_layer_norm_forward`)."""
     return _forward(_ADD_RMS, x, residual, gamma, None, eps, zero_centered_gamma,
-                    residual_dtype, out, out_h, checksum)
+                    residual_dtype, out, out_h, checksum, memory_efficient)
 
 
 def add_rms_norm_backward(
-    dy: np.ndarray, dh: np.ndarray | None, cache: CpuNormCache, *,
+    dy: np.ndarray, dh: np.ndarray | None, cache: CpuNormCache | CpuOutputCache, *,
     out: np.ndarray | None = None, out_dresidual: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """dx, dresidual, dgamma of :func:`add_rms_norm_forward` (as

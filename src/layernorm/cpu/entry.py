@@ -1,9 +1,9 @@
 """The kernels' entry points as C functions, and the split of their rows over threads.
 
-:func:`forward_rows`, :func:`backward_chunks` and :func:`reduce_chunks` of
-:mod:`.kernels` are compiled as C functions (Numba ``cfunc``) of raw pointers and sizes, one
-per combination of storage types, on first use and cached on disk. Two callers share the same
-machine code:
+:func:`forward_rows`, :func:`backward_chunks`, :func:`backward_y_chunks` (the
+memory-efficient backward, from y) and :func:`reduce_chunks` of :mod:`.kernels` are compiled
+as C functions (Numba ``cfunc``) of raw pointers and sizes, one per combination of storage
+types, on first use and cached on disk. Two callers share the same machine code:
 
 * the NumPy API (:mod:`.api`) and the PyTorch API without its C++ operator call them through
   ctypes, which releases the GIL, on the calling thread or split over a small thread pool
@@ -17,8 +17,8 @@ threads may call at once.
 The storage types: float32 and float64 as themselves, float16 as its bits (``u16``) and bfloat16
 as its bits (``i16``). A compiled kernel is named by its kind and the storage type of each
 role, e.g. ``forward x=f32 r=f32 h=f32 t=f32 a=f32`` (:func:`forward_key`,
-:func:`backward_key`); the C++ operator asks for one with the dtypes of its tensors
-(:func:`resolve`).
+:func:`backward_key`, :func:`backward_y_key`); the C++ operator asks for one with the dtypes of
+its tensors (:func:`resolve`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from numba import cfunc, types
 
 from . import kernels
 
-__all__ = ["address", "backward_key", "ctypes_fn", "forward_key", "pointer", "resolve", "run",
-           "split"]
+__all__ = ["address", "backward_key", "backward_y_key", "ctypes_fn", "forward_key", "pointer",
+           "resolve", "run", "split"]
 
 # storage code -> the Numba type of the stored values
 _TYPES = {
@@ -52,6 +52,7 @@ _CODES = {"float32": "f32", "float64": "f64", "float16": "u16", "bfloat16": "i16
 ROLES = {
     "forward": ("x", "r", "h", "t", "a", "g", "b"),
     "backward": ("x", "dy", "dh", "dx", "dr", "t", "a"),
+    "backward_y": ("y", "dy", "dh", "dx", "dr", "t", "a"),
     "reduce": (),
 }
 
@@ -76,13 +77,23 @@ def backward_key(x: str, dy: str, dh: str | None, dx: str, dr: str | None, t: st
                 t=t, a=a)
 
 
+def backward_y_key(y: str, dy: str, dh: str | None, dx: str, dr: str | None, t: str,
+                   a: str) -> str:
+    """The name of the memory-efficient backward (from y) compiled for these dtypes: y's (x's
+    dtype), dy's, dh's and dresidual's (None where absent), dx's, t and a, as for
+    :func:`backward_key`; an absent dh is named as dy when the add computes in t (dy is stored
+    in a dtype that computes in t), else as a."""
+    return _key("backward_y", y=y, dy=dy, dh=dh or (dy if a == t else a), dx=dx, dr=dr or dx,
+                t=t, a=a)
+
+
 def _key(kind: str, **names: str) -> str:
     return " ".join([kind, *(f"{role}={_CODES[names[role]]}" for role in ROLES[kind])])
 
 
 def resolve(request: str) -> int:
-    """The address of the entry point a request names: 'forward', 'backward' or 'reduce',
-    then role=dtype-name pairs in any order, 'none' for an absent array. How the C++
+    """The address of the entry point a request names: 'forward', 'backward', 'backward_y' or
+    'reduce', then role=dtype-name pairs in any order, 'none' for an absent array. How the C++
     operator asks."""
     kind, *rest = request.split()
     names = {role: (None if name == "none" else name)
@@ -91,6 +102,8 @@ def resolve(request: str) -> int:
         return address(forward_key(**names))
     if kind == "backward":
         return address(backward_key(**names))
+    if kind == "backward_y":
+        return address(backward_y_key(**names))
     return address("reduce")
 
 
@@ -104,13 +117,18 @@ def _signature(kind: str, codes: dict[str, str]):
         return types.void(_P(t["x"]), _P(t["dy"]), _P(t["dh"]), _P(t["dx"]), _P(t["dr"]),
                           _P(t["a"]), _P(t["t"]), _P(types.float64), _P(types.uint64), _I,
                           _P(types.float64), _P(types.boolean), _I, _I, _I, _I, _I, _I, _I, _I)
+    if kind == "backward_y":
+        return types.void(_P(t["y"]), _P(t["dy"]), _P(t["dh"]), _P(t["dx"]), _P(t["dr"]),
+                          _P(t["a"]), _P(t["t"]), _P(t["t"]), _P(types.int64), _P(t["t"]),
+                          _P(types.float64), _I, _P(types.float64), _I, _I, _I, _I, _I, _I, _I,
+                          _I)
     return types.void(_P(types.float64), _P(types.float64), _I, _I)
 
 
 # the wrappers live in kernels.py: Numba's disk cache of a function is invalidated by changes
 # to its own file only, so wrappers elsewhere would keep compiled copies of old kernels
 _PY = {"forward": kernels.forward_c, "backward": kernels.backward_c,
-       "reduce": kernels.reduce_c}
+       "backward_y": kernels.backward_y_c, "reduce": kernels.reduce_c}
 _compiled: dict[str, object] = {}
 _compile_lock = threading.Lock()
 

@@ -191,6 +191,31 @@ def _prefetch(typingctx, arr, idx):
     return types.none(arr, idx), codegen
 
 
+@intrinsic
+def _unmanaged(typingctx, arr):
+    """``arr`` as a view that no reference counts: its data, shape and strides without its
+    meminfo. For the kernels' own scratch arrays, passed to a function per row or per tile:
+    each pass and slice of a managed array costs an atomic increment and decrement. The
+    caller keeps ``arr`` itself alive while the view is in use (:func:`_alive`)."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, sig, args):
+        view = cgutils.create_struct_proxy(sig.return_type)(context, builder, value=args[0])
+        view.meminfo = cgutils.get_null_value(view.meminfo.type)
+        view.parent = cgutils.get_null_value(view.parent.type)
+        return view._getvalue()
+
+    return arr(arr), codegen
+
+
+@njit(cache=True)
+def _alive(arr):
+    """A use of ``arr``: Numba releases an array after its last use, so a call of this after
+    the last use of an :func:`_unmanaged` view keeps the memory until then."""
+    return arr.shape[0]
+
+
 @njit(cache=True)
 def _prefetch_span(row, j0, j1):
     """Prefetch the lines of ``row[j0:j1]`` (row: (D,); an empty row is skipped)."""
@@ -507,38 +532,111 @@ def forward_rows(x, residual, zp, zt, gamma, beta, eps, flags, y, h, stats, chec
 
 
 # --- backward ----------------------------------------------------------------------------
+# One set of sweeps serves two sources of xhat. The default reads x: xhat = ((x - hi) - lo) *
+# rstd with the row's (hi, lo). The memory-efficient backward reads y: xhat = (y - shift) /
+# scale with the channel's (shift, scale), and the channels whose xhat the forward kept are
+# written afterwards (:func:`_write_kept`). ``me`` (None, or the tuple (chan, keep, kept) of
+# :func:`backward_y_chunks`) and ``cols`` (None, or chan) pick at compile time which one a
+# sweep computes, so neither pays for the other.
+
+# Rows of ``chan`` (4, D) T, the memory-efficient backward's per-channel values: the scale;
+# num and den, shift and scale with 0 and inf on the kept channels (xhat = (y - num) / den is
+# 0 there); w, 1 with 0 on the kept channels.
+CH_SCALE, CH_NUM, CH_DEN, CH_W = 0, 1, 2, 3
+
+def _centring(st, k, cols):
+    """(hi, lo) of row k of ``st`` where ``cols`` is None (rows of x), else None."""
+
+
+@overload(_centring, jit_options={"cache": True})
+def _centring_typed(st, k, cols):
+    if isinstance(cols, types.NoneType):
+        return lambda st, k, cols: (st[k, 0], st[k, 1])
+    return lambda st, k, cols: None
+
+
+def _span(cols, j0, j1):
+    """None, or (num[j0:j1], den[j0:j1]) of ``cols`` = chan."""
+
+
+@overload(_span, jit_options={"cache": True})
+def _span_typed(cols, j0, j1):
+    if isinstance(cols, types.NoneType):
+        return lambda cols, j0, j1: None
+    return lambda cols, j0, j1: (cols[CH_NUM, j0:j1], cols[CH_DEN, j0:j1])
+
+
+def _at(cb, j):
+    """None, or element j of each array of ``cb`` (a :func:`_span`)."""
+
+
+@overload(_at, jit_options={"cache": True})
+def _at_typed(cb, j):
+    if isinstance(cb, types.NoneType):
+        return lambda cb, j: None
+    return lambda cb, j: (cb[0][j], cb[1][j])
+
+
+@njit(error_model="numpy", cache=True)
+def _recover(y, num, den, like):
+    """xhat = (y - num) / den in T (the type of ``like``), y rounded to T first: an IEEE
+    division, one rounding. No test for 0 (it would stop the vectorisation: the kept channels
+    divide by inf), and no fastmath flag, so LLVM can neither turn it into a reciprocal nor
+    fold it into the products that use it."""
+    return (_to(_ld(y), like) - num) / den
+
+
+def _xhat(x, c, cj, rc):
+    """xhat of element x: ((x - hi) - lo) * rc for c = (hi, lo) (x a row of x); (x - num) /
+    den for cj = (num, den) (x a row of y); x itself when both are None (a kept xhat)."""
+
+
+@overload(_xhat, jit_options={"cache": True})
+def _xhat_typed(x, c, cj, rc):
+    if not isinstance(c, types.NoneType):
+        return lambda x, c, cj, rc: ((_ld(x) - c[0]) - c[1]) * rc
+    if not isinstance(cj, types.NoneType):
+        return lambda x, c, cj, rc: _recover(x, cj[0], cj[1], rc)
+    return lambda x, c, cj, rc: x
+
 
 @njit(inline="always", cache=True)
-def _dx(x, dy, g, hi, lo, rc, mg, mgx):
-    """One element: (rstd * ((dy * g - mean_g) - xhat * mean_gxhat), dy, xhat) in T.
+def _dx(x, dy, g, c, cj, rc, mg, mgx):
+    """One element: (rstd * ((dy * g - mean_g) - xhat * mean_gxhat), dy, xhat) in T, with xhat
+    from x, c and cj (:func:`_xhat`).
 
     No FMA contraction here (the callers compile without it): fusing dy * g - mean_g would use
     the unrounded product where mean_g summed the rounded one (for D = 1, dx != 0).
     """
     d = _ld(dy)
-    xhat = ((_ld(x) - hi) - lo) * rc
+    xhat = _xhat(x, c, cj, rc)
     return rc * ((d * g - mg) - xhat * mgx), d, xhat
 
 
 @njit(cache=True)
-def _write_dx(xr, dyr, dhr, zp, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx, ndy):
+def _write_dx(xr, dyr, dhr, zp, scale, st, k, cols, dxr, drr, pg, pb, nx, ndy):
     """dx = rstd * ((u - mean_g) - xhat * mean_gxhat) [+ dh]; pg += dy * xhat; pb += dy.
 
-    xr, dyr, scale, dxr: (D,); dhr: (D,), added in the type of ``zp``, or (0,) without dh;
-    drr: (D,) receives dx too (an add-norm's dresidual, where the caller keeps it apart from
-    dx), else (0,). pg, pb: (D,) float64 (the products dy * xhat rounded to T first, as in the
-    reference). Prefetches the next row's x and dy (``nx``, ``ndy``). The four cases are four
-    loops, so that each vectorises.
+    xr, dyr, scale, dxr: (D,), xr a row of x (``cols`` None) or of y (``cols`` = (num, den),
+    (D,) T each, :func:`_recover`); st[k]: (NSWEEP,) T, the row's (hi, lo, rstd, mean_g,
+    mean_gxhat); dhr: (D,), added in the type of ``zp``, or (0,) without dh; drr: (D,)
+    receives dx too (an add-norm's dresidual, where the caller keeps it apart from dx), else
+    (0,). pg, pb: (D,) float64 (the products dy * xhat rounded to T first, as in the
+    reference). Prefetches the next row's x (or y) and dy (``nx``, ``ndy``). The four cases
+    are four loops, so that each vectorises.
     """
     D = xr.shape[0]
     xz = dxr.dtype.type(0)
     rz = drr.dtype.type(0)
     add = drr.shape[0] > 0
     with_dh = dhr.shape[0] > 0
+    c = _centring(st, k, cols)
+    rc, mg, mgx = st[k, 2], st[k, 3], st[k, 4]
     for j0 in range(0, D, SPAN):
         xb = xr[j0:j0 + SPAN]  # (<= SPAN,)
         db = dyr[j0:j0 + SPAN]
         gb = scale[j0:j0 + SPAN]
+        cb = _span(cols, j0, j0 + SPAN)
         ob = dxr[j0:j0 + SPAN]
         rb = drr[j0:j0 + SPAN]
         hb = dhr[j0:j0 + SPAN]
@@ -546,7 +644,7 @@ def _write_dx(xr, dyr, dhr, zp, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx
         pbb = pb[j0:j0 + SPAN]
         if add and with_dh:
             for j in range(xb.shape[0]):
-                v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
+                v, dy, xhat = _dx(xb[j], db[j], gb[j], c, _at(cb, j), rc, mg, mgx)
                 t = _to(v, zp) + _to(_ld(hb[j]), zp)
                 ob[j] = _to(t, xz)
                 rb[j] = _to(t, rz)
@@ -554,19 +652,19 @@ def _write_dx(xr, dyr, dhr, zp, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx
                 pbb[j] += dy
         elif with_dh:
             for j in range(xb.shape[0]):
-                v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
+                v, dy, xhat = _dx(xb[j], db[j], gb[j], c, _at(cb, j), rc, mg, mgx)
                 ob[j] = _to(_to(v, zp) + _to(_ld(hb[j]), zp), xz)
                 pgb[j] += dy * xhat
                 pbb[j] += dy
         elif not add:
             for j in range(xb.shape[0]):
-                v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
+                v, dy, xhat = _dx(xb[j], db[j], gb[j], c, _at(cb, j), rc, mg, mgx)
                 ob[j] = _to(v, xz)
                 pgb[j] += dy * xhat
                 pbb[j] += dy
         else:
             for j in range(xb.shape[0]):
-                v, dy, xhat = _dx(xb[j], db[j], gb[j], hi, lo, rc, mg, mgx)
+                v, dy, xhat = _dx(xb[j], db[j], gb[j], c, _at(cb, j), rc, mg, mgx)
                 ob[j] = _to(v, xz)
                 rb[j] = _to(v, rz)
                 pgb[j] += dy * xhat
@@ -576,13 +674,13 @@ def _write_dx(xr, dyr, dhr, zp, scale, hi, lo, rc, mg, mgx, dxr, drr, pg, pb, nx
 
 
 @njit(cache=True)
-def _write_dx_tile(xt, dyt, dht, zp, scale, st, dxt, drt, pg, pb):
+def _write_dx_tile(xt, dyt, dht, zp, scale, st, cols, dxt, drt, pg, pb):
     """dx for TILE rows at once, and their dgamma/dbeta terms added to pg, pb row by row.
 
-    xt, dyt, dxt: (TILE, D); dht, drt: as for _write_dx, (TILE, D) or (TILE, 0), drt of dxt's
-    dtype (it gets a copy of dx: a fifth and sixth stream of stores in the unrolled loop stop
-    LLVM from vectorising it); scale: (D,) T; st: (TILE, 5) T, per row (hi, lo, rstd, mean_g,
-    mean_gxhat); pg, pb: (D,) float64.
+    xt, dyt, dxt: (TILE, D), xt rows of x or of y (``cols`` as for _write_dx); dht, drt: as
+    for _write_dx, (TILE, D) or (TILE, 0), drt of dxt's dtype (it gets a copy of dx: a fifth
+    and sixth stream of stores in the unrolled loop stop LLVM from vectorising it); scale:
+    (D,) T; st: (TILE, NSWEEP) T, per row as for _write_dx; pg, pb: (D,) float64.
     Each partial is loaded once, gets the TILE rows' terms added in row order (the same
     additions, in the same order, as TILE calls of _write_dx) and is stored once. The rows are
     unrolled by hand so that LLVM vectorises over j.
@@ -591,10 +689,12 @@ def _write_dx_tile(xt, dyt, dht, zp, scale, st, dxt, drt, pg, pb):
     xz = dxt.dtype.type(0)
     add = drt.shape[1] > 0
     with_dh = dht.shape[1] > 0
-    h0, l0, r0, g0, q0 = st[0, 0], st[0, 1], st[0, 2], st[0, 3], st[0, 4]
-    h1, l1, r1, g1, q1 = st[1, 0], st[1, 1], st[1, 2], st[1, 3], st[1, 4]
-    h2, l2, r2, g2, q2 = st[2, 0], st[2, 1], st[2, 2], st[2, 3], st[2, 4]
-    h3, l3, r3, g3, q3 = st[3, 0], st[3, 1], st[3, 2], st[3, 3], st[3, 4]
+    h0, h1 = _centring(st, 0, cols), _centring(st, 1, cols)
+    h2, h3 = _centring(st, 2, cols), _centring(st, 3, cols)
+    r0, g0, q0 = st[0, 2], st[0, 3], st[0, 4]
+    r1, g1, q1 = st[1, 2], st[1, 3], st[1, 4]
+    r2, g2, q2 = st[2, 2], st[2, 3], st[2, 4]
+    r3, g3, q3 = st[3, 2], st[3, 3], st[3, 4]
     for j0 in range(0, D, SPAN):
         j1 = min(D, j0 + SPAN)
         a0, a1, a2, a3 = xt[0, j0:j1], xt[1, j0:j1], xt[2, j0:j1], xt[3, j0:j1]  # (<= SPAN,)
@@ -602,15 +702,17 @@ def _write_dx_tile(xt, dyt, dht, zp, scale, st, dxt, drt, pg, pb):
         c0, c1, c2, c3 = dxt[0, j0:j1], dxt[1, j0:j1], dxt[2, j0:j1], dxt[3, j0:j1]
         e0, e1, e2, e3 = dht[0, j0:j1], dht[1, j0:j1], dht[2, j0:j1], dht[3, j0:j1]
         gb = scale[j0:j1]
+        cb = _span(cols, j0, j1)
         pgb = pg[j0:j1]
         pbb = pb[j0:j1]
         if with_dh:  # an add-norm given dh: dx = dh + the norm's dx, added in zp's type
             for j in range(a0.shape[0]):
                 g = gb[j]
-                v0, d0, x0 = _dx(a0[j], b0[j], g, h0, l0, r0, g0, q0)
-                v1, d1, x1 = _dx(a1[j], b1[j], g, h1, l1, r1, g1, q1)
-                v2, d2, x2 = _dx(a2[j], b2[j], g, h2, l2, r2, g2, q2)
-                v3, d3, x3 = _dx(a3[j], b3[j], g, h3, l3, r3, g3, q3)
+                cj = _at(cb, j)
+                v0, d0, x0 = _dx(a0[j], b0[j], g, h0, cj, r0, g0, q0)
+                v1, d1, x1 = _dx(a1[j], b1[j], g, h1, cj, r1, g1, q1)
+                v2, d2, x2 = _dx(a2[j], b2[j], g, h2, cj, r2, g2, q2)
+                v3, d3, x3 = _dx(a3[j], b3[j], g, h3, cj, r3, g3, q3)
                 c0[j] = _to(_to(v0, zp) + _to(_ld(e0[j]), zp), xz)
                 c1[j] = _to(_to(v1, zp) + _to(_ld(e1[j]), zp), xz)
                 c2[j] = _to(_to(v2, zp) + _to(_ld(e2[j]), zp), xz)
@@ -620,10 +722,11 @@ def _write_dx_tile(xt, dyt, dht, zp, scale, st, dxt, drt, pg, pb):
         else:
             for j in range(a0.shape[0]):
                 g = gb[j]
-                v0, d0, x0 = _dx(a0[j], b0[j], g, h0, l0, r0, g0, q0)
-                v1, d1, x1 = _dx(a1[j], b1[j], g, h1, l1, r1, g1, q1)
-                v2, d2, x2 = _dx(a2[j], b2[j], g, h2, l2, r2, g2, q2)
-                v3, d3, x3 = _dx(a3[j], b3[j], g, h3, l3, r3, g3, q3)
+                cj = _at(cb, j)
+                v0, d0, x0 = _dx(a0[j], b0[j], g, h0, cj, r0, g0, q0)
+                v1, d1, x1 = _dx(a1[j], b1[j], g, h1, cj, r1, g1, q1)
+                v2, d2, x2 = _dx(a2[j], b2[j], g, h2, cj, r2, g2, q2)
+                v3, d3, x3 = _dx(a3[j], b3[j], g, h3, cj, r3, g3, q3)
                 c0[j], c1[j], c2[j], c3[j] = _to(v0, xz), _to(v1, xz), _to(v2, xz), _to(v3, xz)
                 pgb[j] = (((pgb[j] + d0 * x0) + d1 * x1) + d2 * x2) + d3 * x3
                 pbb[j] = (((pbb[j] + d0) + d1) + d2) + d3
@@ -635,16 +738,42 @@ def _write_dx_tile(xt, dyt, dht, zp, scale, st, dxt, drt, pg, pb):
                     dst[j] = src[j]
 
 
+@njit(inline="always", cache=True)
+def _write_kept(dy, dh, zp, scale, keep, kept, st, k, dx, dres, pg, i):
+    """Row i's dx on the kept channels ``keep`` (k,), from their xhat kept[i] (k,) T, written
+    over what sweep 2 wrote there (it took xhat = 0), and their dgamma terms dy * xhat added
+    to pg (sweep 2 added dy * 0: the same row order). Arrays as for :func:`_chunks`, indexed
+    rather than sliced: it runs per row, inlined, and a view costs reference counting."""
+    xz = dx.dtype.type(0)
+    rz = dres.dtype.type(0)
+    add = dres.shape[1] > 0
+    rc, mg, mgx = st[k, 2], st[k, 3], st[k, 4]
+    for q in range(keep.shape[0]):
+        j = keep[q]
+        v, d, xhat = _dx(kept[i, q], dy[i, j], scale[j], None, None, rc, mg, mgx)
+        if dh.shape[1] > 0:
+            t = _to(v, zp) + _to(_ld(dh[i, j]), zp)
+            dx[i, j] = _to(t, xz)
+            if add:
+                dres[i, j] = _to(t, rz)
+        else:
+            dx[i, j] = _to(v, xz)
+            if add:
+                dres[i, j] = _to(v, rz)
+        pg[j] += d * xhat
+
+
 @njit(cache=True)
-def _backward_row_f64(xr, dyr, dhr, scale, st, centred, dxr, drr, pg, pb):
-    """Row dx and its dgamma/dbeta terms in float64, on x * SCALE (all (D,); st: (NSTATS,)).
+def _backward_row_f64(xs, hi, lo, rx, dyr, dhr, scale, st, centred, dxr, drr, pg, pb):
+    """Row dx and its dgamma/dbeta terms in float64 (all (D,); st: (NSTATS,)), with
+    xhat = ((xs - hi) - lo) * rx from the float64 row xs (x * SCALE, or xhat itself with
+    hi = lo = 0 and rx = 1) and rstd = RSTD * SCALE.
 
     For scaled rows, and for rows whose T sums of the backward overflow (dy near the top of
     the range: the sums here run on a power-of-two scaling of dy).
     """
-    D = xr.shape[0]
-    hi, lo, r, scale_x = st[HI], st[LO], st[RSTD], st[SCALE]
-    xs = _scaled_row(xr, scale_x)  # (D,) float64
+    D = xs.shape[0]
+    r, scale_x = st[RSTD], st[SCALE]
     gs = _scaled_row(scale, 1.0)
     # dx is linear in dy: dy is scaled by 2**-k so that max|dy * scale| < 1 and no sum of the
     # row overflows (float64 dy near its top would), and dx by 2**k (and SCALE) at the end
@@ -655,14 +784,14 @@ def _backward_row_f64(xr, dyr, dhr, scale, st, centred, dxr, drr, pg, pb):
     dys = _scaled_row(dyr, math.ldexp(1.0, -k))
     su, sut, _ = _sum_grad(xs, dys, gs, hi, 0.0, False)
     mg = su / D if centred else 0.0
-    mgx = r * (sut - lo * su) / D
+    mgx = rx * (sut - lo * su) / D
     shift = k + math.frexp(scale_x)[1] - 1  # scale_x = 2**(frexp exponent - 1)
     add = dhr.shape[0] > 0
     two = drr.shape[0] > 0
     xz = dxr.dtype.type(0)
     rz = drr.dtype.type(0)
     for j in range(D):
-        xhat = ((xs[j] - hi) - lo) * r
+        xhat = ((xs[j] - hi) - lo) * rx
         # the powers of two last, in one exact step: r * SCALE may be subnormal, 2**k overflow
         v = math.ldexp(r * ((dys[j] * gs[j] - mg) - xhat * mgx), shift)
         if add:
@@ -676,32 +805,195 @@ def _backward_row_f64(xr, dyr, dhr, scale, st, centred, dxr, drr, pg, pb):
 
 
 @njit(cache=True)
-def _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx, dres, pg, pb, i):
+def _recovered_row(yr, chan, keep, kr, z):
+    """A row's xhat (D,) as float64 for the float64 path: T xhat recovered from y (yr (D,)),
+    the kept channels' from ``kr`` (k,)."""
+    xs = np.empty(yr.shape[0])
+    for j in range(yr.shape[0]):
+        xs[j] = _recover(yr[j], chan[CH_NUM, j], chan[CH_DEN, j], z)
+    for q in range(keep.shape[0]):
+        xs[keep[q]] = kr[q]
+    return xs
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _sum_grad_y(yr, dyr, chan, masked, z):
+    """(sum_j u_j, sum_j u_j * xhat_j) of a row of y over the recovered channels, u = dy *
+    scale (yr, dyr: (D,); chan: (4, D) T).
+
+    There u_j * xhat_j = dy_j * (y_j - shift_j): the same number without the division and the
+    product by scale (two roundings fewer). With ``masked`` (there are kept channels) the
+    terms are multiplied by w, so the kept channels add 0 (their terms are the caller's), or
+    NaN where y overflowed there: the row then takes the float64 path (sweep 2 would divide
+    inf by inf).
+    """
+    s1 = 0.0
+    s2 = 0.0
+    for j0 in range(0, yr.shape[0], BLOCK):
+        yb = yr[j0:j0 + BLOCK]  # (<= BLOCK,)
+        db = dyr[j0:j0 + BLOCK]
+        gb = chan[CH_SCALE, j0:j0 + BLOCK]
+        nb = chan[CH_NUM, j0:j0 + BLOCK]
+        b1 = z
+        b2 = z
+        if masked:
+            wb = chan[CH_W, j0:j0 + BLOCK]
+            for j in range(yb.shape[0]):
+                d = _ld(db[j])
+                b1 += d * gb[j]
+                b2 += (d * wb[j]) * (_to(_ld(yb[j]), z) - nb[j])
+        else:
+            for j in range(yb.shape[0]):
+                d = _ld(db[j])
+                b1 += d * gb[j]
+                b2 += d * (_to(_ld(yb[j]), z) - nb[j])
+        s1 += b1
+        s2 += b2
+    return s1, s2
+
+
+NSWEEP = 5  # a row's values for sweep 2, in T: hi, lo (0 for rows of y), rstd, mean_g,
+# mean_gxhat
+
+
+def _row_sums(src, dy, scale, me, stats, check, centred, i, st, k):
+    """Sweep 1 of row i: fills st[k] (NSWEEP,) T for sweep 2; returns (fast, same): whether
+    the row may take the T sweep 2 (SCALE = 1 and finite sums), and whether x[i] matched the
+    forward's checksum (True where none is verified).
+
+    src: (M, D) x where ``me`` is None, else y (``me`` as for :func:`backward_y_chunks`).
+    Inlined where it is called: it runs once per row, and a call passing a dozen arrays cost
+    10% of the backward of rows of 256.
+    """
+
+
+@overload(_row_sums, inline="always", jit_options={"cache": True})
+def _row_sums_typed(src, dy, scale, me, stats, check, centred, i, st, k):
+    from_x = isinstance(me, types.NoneType)
+
+    def impl(src, dy, scale, me, stats, check, centred, i, st, k):
+        D = src.shape[1]
+        z = scale.dtype.type(0)
+        s = stats[i]
+        r = s[RSTD]
+        if from_x:
+            hi = _to(s[HI], z)
+            lo = _to(s[LO], z)
+            verify = check.shape[0] > 0
+            su, sut, ck = _sum_grad(src[i], dy[i], scale, hi, z, verify)
+            same = not verify or ck == check[i]
+            mgx = _to(r * (sut - lo * su) / D, z)
+        else:
+            chan, keep, kept = me
+            su, sut = _sum_grad_y(src[i], dy[i], chan, keep.shape[0] > 0, z)
+            for q in range(keep.shape[0]):  # the kept channels' terms, indexed: no views
+                j = keep[q]
+                sut += (_ld(dy[i, j]) * scale[j]) * kept[i, q]
+            same = True
+            hi = z
+            lo = z
+            mgx = _to(sut / D, z)
+        st[k, 0] = hi
+        st[k, 1] = lo
+        st[k, 2] = _to(r, z)
+        st[k, 3] = _to(su / D, z) if centred else z
+        st[k, 4] = mgx
+        return same and s[SCALE] == 1.0 and np.isfinite(su) and np.isfinite(sut), same
+    return impl
+
+
+def _cols(me):
+    """None for the default, chan of ``me`` for the memory-efficient backward."""
+
+
+@overload(_cols, jit_options={"cache": True})
+def _cols_typed(me):
+    if isinstance(me, types.NoneType):
+        return lambda me: None
+    return lambda me: me[0]
+
+
+@njit(cache=True)
+def _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx, dres, pg, pb, i, st,
+                  k):
     """Row i of the backward alone: dx[i] (and dres[i]), its terms added to pg, pb.
 
-    Returns False when x[i] no longer matches the forward's checksum (nothing written then);
-    ``check`` (0,) skips the comparison.
+    Arguments as for :func:`_row_sums`. Returns False when x[i] no longer matches the
+    forward's checksum (nothing written then).
     """
-    M, D = x.shape
-    z = scale.dtype.type(0)
-    st = stats[i]
-    hi = _to(st[HI], z)
-    lo = _to(st[LO], z)
-    verify = check.shape[0] > 0
-    su, sut, ck = _sum_grad(x[i], dy[i], scale, hi, z, verify)
-    if verify and ck != check[i]:
+    M = src.shape[0]
+    fast, same = _row_sums(src, dy, scale, me, stats, check, centred, i, st, k)
+    if not same:
         return False
     dhr = dh[i]  # (D,), or (0,) when there is no dh
     drr = dres[i]  # (D,), or (0,) without a separate dresidual
-    if st[SCALE] == 1.0 and np.isfinite(su) and np.isfinite(sut):
-        r = st[RSTD]
-        mg = _to(su / D, z) if centred else z
-        nxt = min(i + 1, M - 1)
-        _write_dx(x[i], dy[i], dhr, zp, scale, hi, lo, _to(r, z), mg,
-                  _to(r * (sut - lo * su) / D, z), dx[i], drr, pg, pb, x[nxt], dy[nxt])
-        return True
-    _backward_row_f64(x[i], dy[i], dhr, scale, st, centred, dx[i], drr, pg, pb)
+    nxt = min(i + 1, M - 1)
+    s = stats[i]
+    if fast:
+        _write_dx(src[i], dy[i], dhr, zp, scale, st, k, _cols(me), dx[i], drr, pg, pb,
+                  src[nxt], dy[nxt])
+        if me is not None:
+            if me[1].shape[0] > 0:
+                _write_kept(dy, dh, zp, scale, me[1], me[2], st, k, dx, dres, pg, i)
+    elif me is None:
+        _backward_row_f64(_scaled_row(src[i], s[SCALE]), s[HI], s[LO], s[RSTD], dy[i], dhr,
+                          scale, s, centred, dx[i], drr, pg, pb)
+    else:
+        chan, keep, kept = me
+        xs = _recovered_row(src[i], chan, keep, kept[i], scale.dtype.type(0))
+        _backward_row_f64(xs, 0.0, 0.0, 1.0, dy[i], dhr, scale, s, centred, dx[i], drr, pg,
+                          pb)
     return True
+
+
+@njit(cache=True)
+def _chunks(src, dy, dh, zp, scale, me, stats, check, flags, dx, dres, partial, ok, c0, c1):
+    """Chunks c0 <= c < c1 of either backward: :func:`backward_chunks` (``me`` None: src is x)
+    and :func:`backward_y_chunks` (src is y)."""
+    M = src.shape[0]
+    C = partial.shape[0]
+    centred = (flags & CENTRED) != 0
+    verify = check.shape[0] > 0
+    tiles = dres.shape[1] == 0 or dres.dtype == dx.dtype
+    owner = np.empty((TILE, NSWEEP), scale.dtype)
+    st = _unmanaged(owner)  # per row: the values sweep 2 reads
+    cols = _cols(me)
+    for c in range(c0, c1):
+        pg = partial[c, 0]  # (D,) float64
+        pb = partial[c, 1]  # (D,) float64
+        pg[:] = 0.0
+        pb[:] = 0.0
+        i = c * M // C
+        end = (c + 1) * M // C
+        while tiles and i + TILE <= end:
+            fast = True
+            for k in range(TILE):
+                row_fast, _ = _row_sums(src, dy, scale, me, stats, check, centred, i + k, st, k)
+                fast = fast and row_fast
+            if fast:
+                _write_dx_tile(src[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], zp, scale, st,
+                               cols, dx[i:i + TILE], dres[i:i + TILE], pg, pb)
+                if me is not None:
+                    if me[1].shape[0] > 0:
+                        for k in range(TILE):
+                            _write_kept(dy, dh, zp, scale, me[1], me[2], st, k, dx, dres, pg,
+                                        i + k)
+                if verify:
+                    for k in range(TILE):
+                        ok[i + k] = True
+            else:
+                for k in range(TILE):
+                    same = _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx,
+                                         dres, pg, pb, i + k, st, k)
+                    if verify:
+                        ok[i + k] = same
+            i += TILE
+        for k in range(i, end):
+            same = _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx, dres,
+                                 pg, pb, k, st, 0)
+            if verify:
+                ok[k] = same
+    _alive(owner)
 
 
 @njit(cache=True)
@@ -719,53 +1011,37 @@ def backward_chunks(x, dy, dh, zp, scale, stats, check, flags, dx, dres, partial
     row or a row whose T sums are not finite, and add-norms whose dx and dresidual differ in
     dtype, one at a time): the partials get the same additions in the same row order.
     """
-    M, D = x.shape
-    z = scale.dtype.type(0)
-    C = partial.shape[0]
-    centred = (flags & CENTRED) != 0
-    verify = check.shape[0] > 0
-    tiles = dres.shape[1] == 0 or dres.dtype == dx.dtype
-    st = np.empty((TILE, 5), scale.dtype)  # per row: hi, lo, rstd, mean_g, mean_gxhat
-    for c in range(c0, c1):
-        pg = partial[c, 0]  # (D,) float64
-        pb = partial[c, 1]  # (D,) float64
-        pg[:] = 0.0
-        pb[:] = 0.0
-        i = c * M // C
-        end = (c + 1) * M // C
-        while tiles and i + TILE <= end:
-            fast = True
-            for k in range(TILE):
-                s = stats[i + k]
-                r = s[RSTD]
-                hi = _to(s[HI], z)
-                lo = _to(s[LO], z)
-                su, sut, ck = _sum_grad(x[i + k], dy[i + k], scale, hi, z, verify)
-                same = not verify or ck == check[i + k]
-                fast = fast and same and s[SCALE] == 1.0 and np.isfinite(su) and np.isfinite(sut)
-                st[k, 0] = hi
-                st[k, 1] = lo
-                st[k, 2] = _to(r, z)
-                st[k, 3] = _to(su / D, z) if centred else z
-                st[k, 4] = _to(r * (sut - lo * su) / D, z)
-            if fast:
-                _write_dx_tile(x[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], zp, scale, st,
-                               dx[i:i + TILE], dres[i:i + TILE], pg, pb)
-                if verify:
-                    for k in range(TILE):
-                        ok[i + k] = True
-            else:
-                for k in range(TILE):
-                    same = _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx,
-                                         dres, pg, pb, i + k)
-                    if verify:
-                        ok[i + k] = same
-            i += TILE
-        for k in range(i, end):
-            same = _backward_row(x, dy, dh, zp, scale, stats, check, centred, dx, dres, pg,
-                                 pb, k)
-            if verify:
-                ok[k] = same
+    _chunks(x, dy, dh, zp, scale, None, stats, check, flags, dx, dres, partial, ok, c0, c1)
+
+
+@njit(cache=True)
+def backward_y_chunks(y, dy, dh, zp, scale, shift, keep, kept, stats, flags, dx, dres, partial,
+                      c0, c1):
+    """Chunks c0 <= c < c1 of the memory-efficient backward, which reads y instead of x.
+
+    y: (M, D) storage (x's dtype); scale, shift: (D,) T; keep: (k,) int64, the channels whose
+    xhat the forward kept (:func:`layernorm.recovery.kept_channels`), ascending; kept: (M, k)
+    T, their xhat; stats: the forward's; the rest as for :func:`backward_chunks`. xhat =
+    (y - shift) / scale on the other channels, in T; rstd = RSTD * SCALE (rows with SCALE != 1,
+    or whose T sums are not finite, take the float64 path, as in the default). The sweeps see
+    ``me`` = (chan, keep, kept), chan the per-channel rows named by :data:`CH_SCALE` and the
+    names beside it; sweep 2 computes xhat = 0 on the kept channels, whose dx and dgamma
+    terms are then written from ``kept`` (:func:`_write_kept`).
+    """
+    D = scale.shape[0]
+    owner = np.empty((4, D), scale.dtype)
+    chan = _unmanaged(owner)
+    chan[CH_SCALE] = scale
+    chan[CH_NUM] = shift
+    chan[CH_DEN] = scale
+    chan[CH_W] = 1.0
+    for q in range(keep.shape[0]):
+        chan[CH_NUM, keep[q]] = 0.0
+        chan[CH_DEN, keep[q]] = np.inf
+        chan[CH_W, keep[q]] = 0.0
+    _chunks(y, dy, dh, zp, scale, (chan, keep, kept), stats, np.empty(0, np.uint64), flags,
+            dx, dres, partial, np.empty(0, np.bool_), c0, c1)
+    _alive(owner)
 
 
 @njit(cache=True)
@@ -806,6 +1082,15 @@ def backward_c(x_p, dy_p, dh_p, dx_p, dr_p, a_p, scale_p, stats_p, check_p, flag
         carray(dx_p, (m, d)), carray(dr_p, (m, drc)), carray(partial_p, (c, 2, d)),
         carray(ok_p, (mc,)), c0, c1)
 
+
+def backward_y_c(y_p, dy_p, dh_p, dx_p, dr_p, a_p, scale_p, shift_p, keep_p, kept_p, stats_p,
+                 flags, partial_p, m, d, dhc, drc, k, c, c0, c1):
+    zp = carray(a_p, (0,)).dtype.type(0)
+    backward_y_chunks(
+        carray(y_p, (m, d)), carray(dy_p, (m, d)), carray(dh_p, (m, dhc)), zp,
+        carray(scale_p, (d,)), carray(shift_p, (d,)), carray(keep_p, (k,)),
+        carray(kept_p, (m, k)), carray(stats_p, (m, NSTATS)), flags, carray(dx_p, (m, d)),
+        carray(dr_p, (m, drc)), carray(partial_p, (c, 2, d)), c0, c1)
 
 def reduce_c(partial_p, out_p, c, d):
     reduce_chunks(carray(partial_p, (c, 2, d)), carray(out_p, (2, d)))

@@ -5,6 +5,11 @@ Each call returns fresh arrays, as the reference modules do. ``reuse_buffers=Tru
 writing y and dx into the module's own buffers, overwritten by the next call: faster for
 outputs over about 32 MB (a fresh one is page-faulted on every call), and safe only where
 nothing keeps a previous output (docs/cpu-kernels.md).
+
+``memory_efficient=True`` keeps y (read-only) instead of x, as the reference modules do
+(:class:`layernorm.cpu.CpuOutputCache`). With it, y is fresh on every call even with
+``reuse_buffers=True``: the cache reads y in the backward, and the next layer keeps it as its
+input, so no later forward may write over it; dx still goes to the module's buffer.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import numpy as np
 from .. import reference
 from .._validate import as_float_array, check_module_input, check_x, overlaps
 from ..family import NORMS
-from .api import _BACKWARD, _FORWARD
+from .api import _BACKWARD, _FORWARD, CpuOutputCache
 
 __all__ = ["LayerNorm", "RMSNorm"]
 
@@ -52,10 +57,11 @@ class _Fused:
         x = check_x(x)
         params = self._params()
         check_module_input(x, self.D, params)
-        out = self._buffer("y", x.shape, x.dtype, (x,))
+        # memory-efficient: y is the cache's, never a reused buffer (module docstring)
+        out = None if self.memory_efficient else self._buffer("y", x.shape, x.dtype, (x,))
         y, self._cache = _FORWARD[self.norm](x, *params.values(), self.eps,
                                              zero_centered_gamma=self.zero_centered_gamma,
-                                             out=out)
+                                             out=out, memory_efficient=self.memory_efficient)
         return y
 
     __call__ = forward
@@ -66,7 +72,8 @@ class _Fused:
             raise RuntimeError(f"{type(self).__name__}.backward called before forward")
         cache = self._cache
         dy = as_float_array(dy, "dy")
-        out = self._buffer("dx", cache.x_shape, cache.x_dtype, (dy, cache.x, *cache.inputs))
+        kept = cache.y if isinstance(cache, CpuOutputCache) else cache.x  # what it reads
+        out = self._buffer("dx", cache.x_shape, cache.x_dtype, (dy, kept, *cache.inputs))
         dx, *grads = _BACKWARD[self.norm](dy, cache, out=out)
         self.dgamma = grads[0]
         if NORMS[self.norm].centred:
@@ -78,28 +85,34 @@ class _Fused:
 
 
 class LayerNorm(_Fused, reference.LayerNorm):
-    """:class:`layernorm.LayerNorm` on the fused kernels (``reuse_buffers``: module docstring).
+    """:class:`layernorm.LayerNorm` on the fused kernels (``reuse_buffers`` and
+    ``memory_efficient``: module docstring).
 
-    The cache refers to x: the backward raises ValueError if x changed since the forward.
+    The cache refers to x: the backward raises ValueError if x changed since the forward
+    (memory-efficient: it keeps y, read-only, instead).
     """
 
     norm = "layer_norm"
 
     def __init__(self, D: int, eps: float = 1e-5, *, zero_centered_gamma: bool = False,
-                 reuse_buffers: bool = False) -> None:
-        super().__init__(D, eps, zero_centered_gamma=zero_centered_gamma)
+                 memory_efficient: bool = False, reuse_buffers: bool = False) -> None:
+        super().__init__(D, eps, zero_centered_gamma=zero_centered_gamma,
+                         memory_efficient=memory_efficient)
         self._setup(reuse_buffers)
 
 
 class RMSNorm(_Fused, reference.RMSNorm):
-    """:class:`layernorm.RMSNorm` on the fused kernels (``reuse_buffers``: module docstring).
+    """:class:`layernorm.RMSNorm` on the fused kernels (``reuse_buffers`` and
+    ``memory_efficient``: module docstring).
 
-    The cache refers to x: the backward raises ValueError if x changed since the forward.
+    The cache refers to x: the backward raises ValueError if x changed since the forward
+    (memory-efficient: it keeps y, read-only, instead).
     """
 
     norm = "rms_norm"
 
     def __init__(self, D: int, eps: float = 1e-6, *, zero_centered_gamma: bool = False,
-                 reuse_buffers: bool = False) -> None:
-        super().__init__(D, eps, zero_centered_gamma=zero_centered_gamma)
+                 memory_efficient: bool = False, reuse_buffers: bool = False) -> None:
+        super().__init__(D, eps, zero_centered_gamma=zero_centered_gamma,
+                         memory_efficient=memory_efficient)
         self._setup(reuse_buffers)

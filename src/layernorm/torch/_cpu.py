@@ -5,6 +5,10 @@ memory, with the same outputs; the rows are split over ``torch.get_num_threads()
 :func:`layernorm.cpu.entry.run`. Only the cost of a call differs (a few tens of microseconds of
 Python). Statistics: ``stats`` (M, NSTATS) float64 per row; the second statistics tensor of the
 ops is an (M, 0) placeholder on the CPU.
+
+The memory-efficient backward (:func:`backward_y`) reads y instead of x: the forward is
+:func:`forward` as it is, then :func:`kept` forms the xhat of the channels that
+:func:`layernorm.recovery.kept_channels` says y cannot give back.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import torch
 from torch import Tensor
 
 from ..cpu import entry, kernels
-from ..cpu.kernels import NSTATS
+from ..cpu.kernels import HI, LO, NSTATS, RSTD, SCALE
+from ..recovery import kept_channels
 
-__all__ = ["backward", "compute_dtype", "forward"]
+__all__ = ["backward", "backward_y", "compute_dtype", "forward", "kept"]
 
 _NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
           torch.float64: "float64"}
@@ -36,6 +41,15 @@ def _scale(p: Tensor | None, d: int, cdt: torch.dtype, plus_one: bool) -> Tensor
         return p.detach()
     s = p.detach().to(cdt, copy=True).contiguous()
     return s.add_(1) if plus_one else s
+
+
+def _shift(p: Tensor | None, d: int, cdt: torch.dtype) -> Tensor:
+    """(D,) the shift in the compute dtype: bias, or zeros without it (read only)."""
+    if p is None:
+        return torch.zeros(d, dtype=cdt)
+    if p.dtype == cdt and p.is_contiguous():
+        return p.detach()
+    return p.detach().to(cdt, copy=True).contiguous()
 
 
 def _in(t: Tensor, cdt: torch.dtype) -> Tensor:
@@ -149,3 +163,84 @@ def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
     return dx, dres, dw, db
 
 
+
+
+def kept(xn: Tensor, weight: Tensor | None, bias: Tensor | None, stats: Tensor, centred: bool,
+         zero_centered_gamma: bool, y_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """keep (k,) int64, the channels whose xhat y (stored in ``y_dtype``) cannot give back
+    (:func:`layernorm.recovery.kept_channels` of the kernel's scale and shift), and kept (M, k)
+    their xhat in the compute dtype T: ((x * SCALE - HI) - LO) * RSTD per row, formed in
+    float64 from the forward's ``stats`` (M, NSTATS) and rounded once, as the kernels define
+    xhat. xn is what the forward normalized: x, or h for an add-norm; bias is ignored
+    without ``centred`` (RMSNorm has no shift)."""
+    d = xn.shape[-1]
+    m = xn.numel() // d
+    for t, name, shape in ((xn, "xn", None), (weight, "weight", d), (bias, "bias", d),
+                           (stats, "stats0", (m, NSTATS))):
+        _check(t, name, shape)
+    cdt = compute_dtype(xn.dtype)
+    scale = _scale(weight, d, cdt, zero_centered_gamma)
+    shift = _shift(bias if centred else None, d, cdt)
+    keep = torch.from_numpy(kept_channels(scale.numpy(), shift.numpy(), _NAMES[y_dtype], d))
+    s = stats.detach().reshape(m, NSTATS)
+    xk = xn.detach().reshape(m, d)[:, keep].to(torch.float64)  # (M, k)
+    xhat = ((xk * s[:, SCALE:SCALE + 1] - s[:, HI:HI + 1]) - s[:, LO:LO + 1]) * s[:, RSTD:RSTD + 1]
+    return keep, xhat.to(cdt).contiguous()
+
+
+def backward_y(dy: Tensor, dh: Tensor | None, y: Tensor, weight: Tensor | None,
+               bias: Tensor | None, stats: Tensor, keep: Tensor, kept: Tensor, centred: bool,
+               zero_centered_gamma: bool, x_dtype: torch.dtype | None,
+               residual_dtype: torch.dtype | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The memory-efficient backward, from the forward's y instead of x: dx, dresidual (an
+    empty (0,) without ``residual_dtype``), dweight, dbias (empty without them), as
+    :func:`backward`.
+
+    y is the forward's output (x's dtype); keep (k,) int64 and kept (M, k) come from
+    :func:`kept`, whose dtype is the compute dtype T; stats is the forward's. dx comes back in
+    ``x_dtype`` (y's dtype when None) with dh added where given, and dresidual, the same sum,
+    in ``residual_dtype`` where that is given.
+    """
+    d = y.shape[-1]
+    m = y.numel() // d
+    k = keep.numel()
+    add = residual_dtype is not None
+    for t, name, shape in ((y, "y", None), (dy, "dy", tuple(y.shape)), (dh, "dh", tuple(y.shape)),
+                           (weight, "weight", d), (bias, "bias", d),
+                           (stats, "stats0", (m, NSTATS)), (kept, "kept", (m, k))):
+        _check(t, name, shape)
+    if keep.dtype != torch.int64 or keep.dim() != 1:
+        raise ValueError(f"layernorm: keep must be a 1-dimensional int64 tensor, got "
+                         f"{keep.dtype} of shape {tuple(keep.shape)}")
+    y = y.contiguous()
+    stats = stats.contiguous()
+    cdt = kept.dtype
+    scale = _scale(weight, d, cdt, zero_centered_gamma)
+    shift = _shift(bias if centred else None, d, cdt)
+    keep = keep.contiguous()
+    kept = kept.contiguous()
+    dy = _in(dy, cdt)
+    dx = torch.empty(y.shape, dtype=y.dtype if x_dtype is None else x_dtype)
+    dres = y.new_empty((0,))
+    adt = compute_dtype(dx.dtype, residual_dtype or dx.dtype, cdt)  # the dtype dh joins dx in
+    if add:
+        dres = torch.empty(y.shape, dtype=residual_dtype)
+    dh = None if dh is None else _in(dh, adt)
+    c = kernels.n_chunks(m)
+    partial = torch.empty((c, 2, d), dtype=torch.float64)
+    key = entry.backward_y_key(_NAMES[y.dtype], _NAMES[dy.dtype],
+                               None if dh is None else _NAMES[dh.dtype], _NAMES[dx.dtype],
+                               _NAMES[residual_dtype] if add else None, _NAMES[cdt],
+                               _NAMES[adt])
+    sums = torch.zeros((2, d), dtype=torch.float64)
+    if m:
+        flags = kernels.CENTRED if centred else 0
+        entry.run(entry.ctypes_fn(key),
+                  (_p(y), _p(dy), _p(dh), _p(dx), _p(dres), 0, _p(scale), _p(shift), _p(keep),
+                   _p(kept), _p(stats), flags, _p(partial), m, d, 0 if dh is None else d,
+                   d if add else 0, k, c),
+                  c, m * d, torch.get_num_threads())
+        entry.ctypes_fn("reduce")(_p(partial), _p(sums), c, d)
+    dw = y.new_empty((0,)) if weight is None else sums[0].to(weight.dtype, copy=True)
+    db = y.new_empty((0,)) if bias is None else sums[1].to(bias.dtype, copy=True)
+    return dx, dres, dw, db
