@@ -1,0 +1,553 @@
+"""The memory-efficient mode of the fused CPU kernels: the backward reads y, not x.
+
+Against the reference's memory-efficient mode, the float64 oracle and the default mode, for
+every norm and dtype; the recovery's arithmetic bit for bit (an IEEE division in T); the hard
+cases of the recovery rule and the float64 paths; the thread-count invariance; what the cache
+holds and refuses; the modules; and the Python kernels of the torch ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+numba = pytest.importorskip("numba")
+
+from layernorm import cpu, recovery  # noqa: E402 - after the skip
+from layernorm import reference as ref  # noqa: E402
+from layernorm.cpu import entry  # noqa: E402
+from layernorm.dtypes import DTYPES as TABLE  # noqa: E402
+from layernorm.dtypes import compute_dtype  # noqa: E402
+from layernorm.family import NORMS  # noqa: E402
+from layernorm.tolerances import assert_close  # noqa: E402
+
+DTYPES = ["float64", "float32", "float16", "bfloat16"]
+RNG = np.random.default_rng(2024)
+
+
+def _args(norm, x, gamma, beta, residual=None):
+    """The forward's arguments of ``norm`` in its order: x, [residual], gamma, [beta]."""
+    args = [x] + ([residual] if norm.residual else []) + [gamma]
+    return args + [beta] if norm.centred else args
+
+
+def _size(a):
+    return 1.0 if a is None else float(np.max(np.abs(np.asarray(a, np.float64))))
+
+
+def _weights(d, dt, zero_centered=False):
+    """gamma (with a zero scale at channel 5) and beta (with |beta| > 4|scale| at channel 7),
+    so that some channels are kept and the rest recovered."""
+    gamma = (RNG.standard_normal(d) * 0.3 + (0.0 if zero_centered else 1.0)).astype(dt)
+    gamma[5] = -1.0 if zero_centered else 0.0
+    beta = RNG.standard_normal(d).astype(dt)
+    beta[7] = 40.0
+    return gamma, beta
+
+
+def _cache_keep(cache):
+    return cache.norm.keep if isinstance(cache, ref.AddNormCache) else cache.keep
+
+
+def _coarsest(*dtypes):
+    """The table's name of the least precise of ``dtypes``."""
+    return min((TABLE[np.dtype(t).name] for t in dtypes), key=lambda r: r.significand_bits).name
+
+
+def _bits(results):
+    return {k: None if v is None else v.tobytes() for k, v in results.items()}
+
+
+# --- against the reference, the oracle and the default mode ---------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("zero_centered", [False, True])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_matches_the_reference_memory_efficient_mode(name, zero_centered, dtype, dtype_or_skip,
+                                                      run_norm, float64_oracle, results_close):
+    """Protects the fused backward from y for every norm and dtype: its gradients (and y, h)
+    within the tolerance table of the reference's memory-efficient mode, of the float64
+    oracle and of the fused default mode, with one channel kept for a zero scale and one
+    (LayerNorm) for a large beta; D = 300 runs tiles and leftover rows over two chunks."""
+    dt = dtype_or_skip(dtype)
+    norm = NORMS[name]
+    d = 300
+    x = (0.5 + 2.0 * RNG.standard_normal((2, 35, d))).astype(dt)
+    gamma, beta = _weights(d, dt, zero_centered)
+    residual = RNG.standard_normal(x.shape).astype(dt)
+    args = _args(norm, x, gamma, beta, residual)
+    cot = [RNG.standard_normal(x.shape).astype(dt) for _ in norm.forward_outputs]
+    kw = {"zero_centered_gamma": zero_centered}
+    got = run_norm(cpu, norm, args, cot, memory_efficient=True, **kw)
+    want = float64_oracle(norm, args, cot, **kw).results
+    scales = {k: _size(w) for k, w in want.items()}
+    results_close(got, want, dt, scales=scales, what="oracle")
+    results_close(got, run_norm(ref, norm, args, cot, memory_efficient=True, **kw), dt,
+                  scales=scales, what="reference")
+    results_close(got, run_norm(cpu, norm, args, cot, **kw), dt, scales=scales, what="default")
+    *_, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True, **kw)
+    assert 5 in cache.keep and (7 in cache.keep) == norm.centred
+
+
+@pytest.mark.parametrize("has_gamma, has_beta", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_gamma_and_beta_optional(name, has_gamma, has_beta, family_inputs, run_norm,
+                                 float64_oracle, results_close):
+    """Protects the absent parameters: scale = ones and shift = zeros where gamma or beta is
+    None (nothing is kept), their gradients None, the rest within the table."""
+    norm = NORMS[name]
+    if has_beta and not norm.centred:
+        pytest.skip("RMSNorm has no beta")
+    args, cot = family_inputs(norm, (37, 130), "float32")
+    n = 2 if norm.residual else 1
+    args[n] = args[n] if has_gamma else None
+    if norm.centred:
+        args[n + 1] = args[n + 1] if has_beta else None
+    got = run_norm(cpu, norm, args, cot, memory_efficient=True)
+    want = float64_oracle(norm, args, cot).results
+    results_close(got, want, "float32", scales={k: _size(w) for k, w in want.items()})
+    assert (got["dgamma"] is None) == (not has_gamma)
+    *_, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True)
+    assert cache.keep.size == 0 and cache.kept.shape == (37, 0)
+
+
+@pytest.mark.parametrize("x_dtype, residual_dtype", [
+    ("bfloat16", "float32"), ("float16", "float32"), ("float32", "float64"),
+    ("float64", "float32"), ("float32", "bfloat16")])
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_add_norms_with_another_residual_dtype(name, x_dtype, residual_dtype, dtype_or_skip,
+                                               run_norm, float64_oracle, results_close):
+    """Protects the add-norms' dtypes: y in x's dtype recovered in h's compute dtype (float32
+    y for a float64 stream, float64 y for a float32 one), dh added in the add's dtype, dx in
+    x's dtype and dresidual in residual's; against the oracle and the reference's mode, each
+    result to the tolerance of the least precise of its dtype, h's compute dtype and y's
+    dtype (xhat is recovered from y as rounded)."""
+    xt, rt = dtype_or_skip(x_dtype), dtype_or_skip(residual_dtype)
+    norm = NORMS[name]
+    d = 96
+    x = (0.5 + RNG.standard_normal((21, d))).astype(xt)
+    residual = RNG.standard_normal(x.shape).astype(rt)
+    gamma, beta = _weights(d, xt)
+    args = _args(norm, x, gamma, beta, residual)
+    cot = [RNG.standard_normal(x.shape).astype(xt), RNG.standard_normal(x.shape).astype(rt)]
+    kw = {"residual_dtype": residual_dtype}
+    got = run_norm(cpu, norm, args, cot, memory_efficient=True, **kw)
+    assert got["dx"].dtype == xt and got["dresidual"].dtype == rt and got["y"].dtype == xt
+    want = float64_oracle(norm, args, cot, residual_dtype=residual_dtype).results
+    mine = run_norm(ref, norm, args, cot, memory_efficient=True, **kw)
+    for k, g in got.items():
+        tol = _coarsest(g.dtype, compute_dtype(rt), xt)
+        q = "param" if k.startswith(("dgamma", "dbeta")) else "out"
+        assert_close(g, want[k], tol, q, scale=_size(want[k]), name=f"oracle {k}")
+        assert_close(g, mine[k], tol, q, scale=_size(want[k]), name=f"reference {k}")
+
+
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_add_norms_without_dh(name, family_inputs, run_norm, float64_oracle, results_close):
+    """Protects dh = None: dx = dresidual = the norm's dx alone."""
+    norm = NORMS[name]
+    args, (dy, _) = family_inputs(norm, (33, 70), "float32")
+    got = run_norm(cpu, norm, args, [dy, None], memory_efficient=True)
+    want = float64_oracle(norm, args, [dy, None]).results
+    results_close(got, want, "float32", scales={k: _size(w) for k, w in want.items()})
+
+
+# --- the arithmetic, bit for bit ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("m", [4, 5])
+def test_xhat_is_recovered_by_an_ieee_division(m, dtype, dtype_or_skip):
+    """Protects the recovery's arithmetic: with dy = 1 on one row and 0 elsewhere, dgamma is
+    that row's xhat exactly, and it equals T(y) - shift divided by scale in T (one rounding
+    each) on the recovered channels and the kept xhat on the kept ones, in a tile (m = 4) and
+    on a leftover row (m = 5, last row). A reciprocal multiply differs on some channels here,
+    so the comparison would see one."""
+    dt = dtype_or_skip(dtype)
+    d = 1000
+    t = np.float64 if dtype == "float64" else np.float32
+    x = (0.3 + RNG.standard_normal((m, d))).astype(dt)
+    gamma = (1 + 0.2 * RNG.standard_normal(d)).astype(dt)
+    beta = (0.3 * RNG.standard_normal(d)).astype(dt)
+    gamma[[3, 500]] = 0.0  # kept
+    y, cache = cpu.layer_norm_forward(x, gamma, beta, memory_efficient=True)
+    assert {3, 500} <= set(cache.keep.tolist())
+    row = m - 1
+    dy = np.zeros(x.shape, dt)
+    dy[row] = 1
+    _, dgamma, _ = cpu.layer_norm_backward(dy, cache)
+    scale, shift = gamma.astype(t), beta.astype(t)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = (y[row].astype(t) - shift) / scale  # (D,) IEEE, in T
+        reciprocal = (y[row].astype(t) - shift) * (t(1) / scale)
+    want[cache.keep] = cache.kept[row]
+    np.testing.assert_array_equal(dgamma.astype(t), want.astype(dt).astype(t))
+    if dt == t:  # dgamma holds T's bits: a reciprocal would show
+        assert np.any(reciprocal != want)
+
+
+def test_dgamma_dbeta_add_rows_in_order_into_float64_chunk_partials():
+    """Protects the documented dgamma/dbeta order in the memory-efficient backward: for each
+    chunk, the float64 sum of T(dy * xhat) row by row (tiles and leftover rows, a row whose
+    statistics are scaled on the float64 path, a kept channel), chunks added in order."""
+    m, d = 203, 300
+    x = (0.5 + RNG.standard_normal((m, d))).astype(np.float32)
+    x[77] = 3e38  # its float32 sums overflow: SCALE != 1, the float64 path
+    x[77, ::2] = -3e38
+    gamma = (1 + 0.3 * RNG.standard_normal(d)).astype(np.float32)
+    gamma[11] = 0.0
+    beta = RNG.standard_normal(d).astype(np.float32)
+    dy = RNG.standard_normal((m, d)).astype(np.float32)
+    y, cache = cpu.layer_norm_forward(x, gamma, beta, memory_efficient=True)
+    assert cache.stats[77, cpu.SCALE] < 2.0**-100 and 11 in cache.keep
+    _, dg, db = cpu.layer_norm_backward(dy, cache)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xhat = (y - beta) / gamma  # (M, D) float32, as the kernel
+    xhat[:, cache.keep] = cache.kept
+    c = cpu.n_chunks(m)
+    want = np.zeros((2, d))
+    for k in range(c):
+        part = np.zeros((2, d))
+        for i in range(k * m // c, (k + 1) * m // c):
+            if i == 77:  # float64 products on the float64 path
+                part[0] += dy[i].astype(np.float64) * xhat[i].astype(np.float64)
+            else:
+                part[0] += dy[i] * xhat[i]
+            part[1] += dy[i]
+        want += part
+    assert dg.tobytes() == want[0].astype(np.float32).tobytes()
+    assert db.tobytes() == want[1].astype(np.float32).tobytes()
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_bitwise_identical_across_thread_counts(name, family_inputs, run_norm, monkeypatch):
+    """Protects the fixed chunking of the backward from y: 1 and 2 threads give equal bits
+    (the parameters' gradients included), with kept channels; the rows are split over the
+    threads even at this size."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 Numba threads")
+    monkeypatch.setattr(entry, "SERIAL_ELEMENTS", 1)
+    norm = NORMS[name]
+    args, cot = family_inputs(norm, (300, 520), "float32")
+    n = 2 if norm.residual else 1
+    args[n][[4, 9]] = 0.0  # kept
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = _bits(run_norm(cpu, norm, args, cot, memory_efficient=True))
+        numba.set_num_threads(2)
+        two = _bits(run_norm(cpu, norm, args, cot, memory_efficient=True))
+    finally:
+        numba.set_num_threads(before)
+    assert one == two
+
+
+# --- the hard cases --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm"])
+def test_hard_cases_of_the_rule(name, dtype, dtype_or_skip, run_norm, float64_oracle,
+                                results_close):
+    """Protects the rule's cases in the fused kernels: gamma = 0 exactly on every fifth
+    channel, gamma spanning 1e-4 to 1e4 (beta = 0), and beta = 1e4 * gamma (every channel of
+    LayerNorm kept): the kept set is recovery.kept_channels of the cache's scale and shift,
+    and every result is within the table of the float64 oracle and the reference's mode."""
+    dt = dtype_or_skip(dtype)
+    norm = NORMS[name]
+    d = 40
+    span = np.geomspace(1e-4, 1e4, d) * np.where(np.arange(d) % 2, 1.0, -1.0)
+    zero = np.where(np.arange(d) % 5 == 0, 0.0, 1.0 + 0.2 * RNG.standard_normal(d))
+    cases = {"gamma = 0 on every fifth channel": (zero, RNG.standard_normal(d)),
+             "gamma from 1e-4 to 1e4, beta = 0": (span, np.zeros(d)),
+             "beta = 1e4 * gamma": (span, 1e4 * span)}
+    top = recovery.limits(dt)[1]
+    for case, (g64, b64) in cases.items():
+        gamma = g64.astype(dt)
+        beta = np.clip(b64, -top / 4, top / 4).astype(dt)  # float16 tops out at 65504
+        x = (0.5 + RNG.standard_normal((9, d))).astype(dt)
+        residual = RNG.standard_normal(x.shape).astype(dt)
+        args = _args(norm, x, gamma, beta, residual)
+        cot = [RNG.standard_normal(x.shape).astype(dt) for _ in norm.forward_outputs]
+        *_, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True)
+        np.testing.assert_array_equal(
+            cache.keep, recovery.kept_channels(cache.scale, cache.shift, dt, d))
+        np.testing.assert_array_equal(cache.keep, _cache_keep(
+            getattr(ref, f"{name}_forward")(*args, memory_efficient=True)[-1]))
+        if case.startswith("gamma = 0"):
+            assert set(range(0, d, 5)) <= set(cache.keep.tolist()), case
+        if case.startswith("beta = 1e4") and norm.centred:
+            assert cache.keep.size == d, case
+        got = run_norm(cpu, norm, args, cot, memory_efficient=True)
+        want = float64_oracle(norm, args, cot).results
+        scales = {k: _size(w) for k, w in want.items()}
+        results_close(got, want, dt, scales=scales, what=f"{case}: oracle")
+        results_close(got, run_norm(ref, norm, args, cot, memory_efficient=True), dt,
+                      scales=scales, what=f"{case}: reference")
+
+
+@pytest.mark.parametrize("dtype, big", [("float32", 1e30), ("float64", 1e300)])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_rows_near_the_top_of_the_range(name, dtype, big, run_norm, float64_oracle,
+                                        results_close):
+    """Protects the float64 path from y: rows near 1e30 (float32) and 1e300 (float64), whose
+    sums overflow T (SCALE != 1, rstd = RSTD * SCALE tiny), between ordinary rows, with a kept
+    channel; and dy near the top of the range on an ordinary row, whose T sums of the
+    backward overflow. Every result within the table of the float64 oracle."""
+    norm = NORMS[name]
+    dt = np.dtype(dtype)
+    d = 64
+    x = (0.5 + RNG.standard_normal((10, d)))
+    x[3] = big * (1 + 0.1 * RNG.standard_normal(d))
+    x[6] = big * RNG.standard_normal(d)
+    x = x.astype(dt)
+    gamma, beta = _weights(d, dt)
+    residual = np.zeros(x.shape, dt)
+    args = _args(norm, x, gamma, beta, residual)
+    cot = [RNG.standard_normal(x.shape).astype(dt) for _ in norm.forward_outputs]
+    cot[0][8] *= dt.type(np.finfo(dt).max / 64)  # dx stays finite; the T sums do not
+    *_, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True)
+    assert cache.stats[3, cpu.SCALE] < 1 and cache.stats[6, cpu.SCALE] < 1
+    got = run_norm(cpu, norm, args, cot, memory_efficient=True)
+    want = float64_oracle(norm, args, cot).results
+    for k in ("dx", "dresidual"):
+        if k in got:
+            # dx's size follows each row's rstd * dy: compare row by row
+            for i in range(x.shape[0]):
+                assert_close(got[k][i], want[k][i], dt, "out", scale=_size(want[k][i]),
+                             name=f"{k} row {i}")
+    rest = {k: v for k, v in got.items() if k not in ("dx", "dresidual")}
+    results_close(rest, {k: want[k] for k in rest}, dt,
+                  scales={k: _size(want[k]) for k in rest})
+    assert all(np.all(np.isfinite(v)) for v in got.values() if v is not None)
+
+
+def test_a_kept_channel_whose_y_overflows():
+    """Protects a kept channel whose y is inf (a scale too large for y's dtype, the rule's
+    second clause): the row takes the float64 path and its gradients are those of the
+    reference's mode, with no NaN from recovering inf / inf."""
+    d = 64
+    x = (0.5 + RNG.standard_normal((8, d))).astype(np.float16)
+    x[2, 10] = 40.0  # xhat near sqrt(D) = 8 on channel 10
+    gamma = np.ones(d, np.float16)
+    gamma[10] = 30000.0  # y = 30000 * xhat overflows float16
+    beta = np.zeros(d, np.float16)
+    dy = RNG.standard_normal(x.shape).astype(np.float16)
+    y, cache = cpu.layer_norm_forward(x, gamma, beta, memory_efficient=True)
+    assert np.isinf(y[2, 10]) and 10 in cache.keep
+    got = cpu.layer_norm_backward(dy, cache)
+    want = ref.layer_norm_backward(dy, ref.layer_norm_forward(x, gamma, beta,
+                                                              memory_efficient=True)[1])
+    for g, w in zip(got, want, strict=True):
+        assert np.all(np.isfinite(g))
+        assert_close(g, w, "float16", "param" if g.ndim == 1 else "out", scale=_size(w))
+
+
+def test_constant_and_nan_rows():
+    """Protects the edge rows: a constant row (xhat = 0, y = beta) recovers xhat = 0 exactly;
+    a NaN row stays NaN without touching the other rows' dx."""
+    d = 50
+    x = (0.5 + RNG.standard_normal((9, d))).astype(np.float32)
+    x[2] = 7.0
+    x[5, 3] = np.nan
+    gamma, beta = _weights(d, np.float32)
+    dy = RNG.standard_normal(x.shape).astype(np.float32)
+    _, cache = cpu.layer_norm_forward(x, gamma, beta, memory_efficient=True)
+    dx, _, _ = cpu.layer_norm_backward(dy, cache)
+    dx0, _, _ = cpu.layer_norm_backward(dy, cpu.layer_norm_forward(x, gamma, beta)[1])
+    assert np.all(np.isnan(dx[5])) and np.all(np.isnan(dx0[5]))
+    ok = np.arange(9) != 5
+    assert_close(dx[ok], dx0[ok], "float32", scale=_size(dx0[ok]))
+
+
+# --- the cache, the arguments, the inputs ---------------------------------------------------
+
+def test_cache_holds_y_stats_and_the_kept_channels():
+    """Protects the cache: a CpuOutputCache holding the returned y (the same memory,
+    read-only), the statistics, copies of scale and shift, the kept channels and their xhat
+    (the reference's within float32's tolerance); nbytes counts stats, keep, kept, scale and
+    shift, not y; no reference to x, which may change after the forward."""
+    d = 30
+    x = (0.5 + RNG.standard_normal((10, d))).astype(np.float32)
+    gamma, beta = _weights(d, np.float32)
+    dy = RNG.standard_normal(x.shape).astype(np.float32)
+    y, cache = cpu.layer_norm_forward(x, gamma, beta, memory_efficient=True)
+    assert isinstance(cache, cpu.CpuOutputCache)
+    assert np.shares_memory(cache.y, y) and not np.shares_memory(cache.y, x)
+    assert not y.flags.writeable and not cache.y.flags.writeable
+    assert not np.shares_memory(cache.scale, gamma) and not np.shares_memory(cache.shift, beta)
+    want = ref.layer_norm_forward(x, gamma, beta, memory_efficient=True)[1]
+    np.testing.assert_array_equal(cache.keep, want.keep)
+    assert cache.kept.dtype == np.float32 and cache.kept.shape == (10, want.keep.size)
+    assert_close(cache.kept, want.xhat_kept, "float32", scale=_size(want.xhat_kept))
+    np.testing.assert_allclose(cache.rstd, want.rstd, rtol=1e-6)
+    k = cache.keep.size
+    assert cache.nbytes == cpu.NSTATS * 10 * 8 + 8 * k + 4 * 10 * k + 2 * 4 * d
+    before = cpu.layer_norm_backward(dy, cache)
+    x[...] = 0  # x is not kept
+    gamma[...] = 0
+    beta[...] = 0
+    after = cpu.layer_norm_backward(dy, cache)
+    assert _bits(dict(enumerate(before))) == _bits(dict(enumerate(after)))
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_out_cannot_be_combined_with_memory_efficient(name, family_inputs):
+    """Protects the cache's y: out= with memory_efficient=True raises ValueError naming both
+    (the caller's out array could change before the backward); out_h= is allowed."""
+    norm = NORMS[name]
+    args, _ = family_inputs(norm, (4, 16), "float32")
+    fwd = getattr(cpu, f"{name}_forward")
+    with pytest.raises(ValueError, match="out=.*memory_efficient=True"):
+        fwd(*args, memory_efficient=True, out=np.empty_like(args[0]))
+    if norm.residual:
+        h = np.empty_like(args[0])
+        _, got_h, _ = fwd(*args, memory_efficient=True, out_h=h)
+        assert got_h is h
+    with pytest.raises(TypeError, match="memory_efficient must be True or False"):
+        fwd(*args, memory_efficient=1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_inputs_are_never_modified(name, dtype, family_inputs):
+    """Protects the caller's arrays: the forward and backward of the mode write none of x,
+    residual, gamma, beta, dy and dh (nor y, which is read-only)."""
+    norm = NORMS[name]
+    args, cot = family_inputs(norm, (13, 50), dtype)
+    before = [a.tobytes() for a in (*args, *cot)]
+    *outs, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True)
+    y = outs[0].tobytes()
+    getattr(cpu, f"{name}_backward")(*cot, cache)
+    assert [a.tobytes() for a in (*args, *cot)] == before
+    assert outs[0].tobytes() == y
+
+
+def test_wrong_caches_raise_clear_errors(family_inputs):
+    """Protects the backwards' checks with the new cache: another norm's CpuOutputCache, the
+    reference's OutputCache and a dy of another shape are refused by name."""
+    (x, g, b), (dy,) = family_inputs(NORMS["layer_norm"], (5, 12), "float32")
+    _, cache = cpu.layer_norm_forward(x, g, b, memory_efficient=True)
+    with pytest.raises(ValueError, match="cache must come from layernorm.cpu.rms_norm_forward"):
+        cpu.rms_norm_backward(dy, cache)
+    with pytest.raises(TypeError, match="CpuNormCache or CpuOutputCache"):
+        cpu.layer_norm_backward(dy, ref.layer_norm_forward(x, g, b, memory_efficient=True)[1])
+    with pytest.raises(ValueError, match="dy must have the shape"):
+        cpu.layer_norm_backward(dy[:4], cache)
+
+
+def test_out_of_the_backward_is_checked(family_inputs):
+    """Protects the backward's out= in the mode: a fresh array is filled and returned; y
+    (read-only) and dy are refused."""
+    (x, g, b), (dy,) = family_inputs(NORMS["layer_norm"], (5, 12), "float32")
+    y, cache = cpu.layer_norm_forward(x, g, b, memory_efficient=True)
+    out = np.empty_like(x)
+    dx, _, _ = cpu.layer_norm_backward(dy, cache, out=out)
+    assert dx is out
+    with pytest.raises(ValueError, match="writeable"):
+        cpu.layer_norm_backward(dy, cache, out=y)
+    with pytest.raises(ValueError, match="must not overlap"):
+        cpu.layer_norm_backward(dy, cache, out=dy)
+
+
+def test_zero_rows():
+    """Protects M = 0: empty outputs, zero parameter gradients."""
+    x = np.empty((0, 8), np.float32)
+    g = np.ones(8, np.float32)
+    y, cache = cpu.layer_norm_forward(x, g, g, memory_efficient=True)
+    dx, dg, db = cpu.layer_norm_backward(np.empty_like(x), cache)
+    assert dx.shape == (0, 8) and not dg.any() and not db.any()
+
+
+def test_the_entry_point_resolves_by_name():
+    """Protects the C entry point's name for the C++ caller: 'backward_y' with its roles
+    resolves to the same compiled function as backward_y_key, an absent dh named as dy."""
+    key = entry.backward_y_key("bfloat16", "bfloat16", None, "bfloat16", None, "float32",
+                               "float32")
+    assert key == "backward_y y=i16 dy=i16 dh=i16 dx=i16 dr=i16 t=f32 a=f32"
+    request = "backward_y y=bfloat16 dy=bfloat16 dh=none dx=bfloat16 dr=none t=float32 a=float32"
+    assert entry.resolve(request) == entry.address(key)
+
+
+# --- the modules -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.parametrize("cls", ["LayerNorm", "RMSNorm"])
+def test_modules_memory_efficient(cls, reuse):
+    """Protects the modules' option: memory_efficient=True gives the functions' results and a
+    read-only y; with reuse_buffers=True y is still fresh on every call (the cache and the
+    next layer read it), so an earlier y is unchanged by a later forward, while dx reuses the
+    module's buffer."""
+    d = 24
+    mod = getattr(cpu, cls)(d, memory_efficient=True, reuse_buffers=reuse)
+    assert "memory_efficient=True" in repr(mod)
+    x1 = RNG.standard_normal((6, d)).astype(np.float32)
+    x2 = RNG.standard_normal((6, d)).astype(np.float32)
+    dy = RNG.standard_normal((6, d)).astype(np.float32)
+    y1 = mod(x1)
+    y1_bits = y1.tobytes()
+    assert not y1.flags.writeable and isinstance(mod._cache, cpu.CpuOutputCache)
+    dx1 = mod.backward(dy)
+    y2 = mod(x2)
+    assert not np.shares_memory(y1, y2) and y1.tobytes() == y1_bits
+    dx2 = mod.backward(dy)
+    assert np.shares_memory(dx1, dx2) == reuse
+    fwd = getattr(cpu, "layer_norm_forward" if cls == "LayerNorm" else "rms_norm_forward")
+    params = [mod.gamma, mod.beta] if cls == "LayerNorm" else [mod.gamma]
+    want_y, cache = fwd(x2, *params, mod.eps, memory_efficient=True)
+    want_dx = getattr(cpu, fwd.__name__.replace("forward", "backward"))(dy, cache)[0]
+    assert y2.tobytes() == want_y.tobytes() and dx2.tobytes() == want_dx.tobytes()
+
+
+# --- the torch ops' Python kernels -------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_torch_python_kernels_match_the_reference(name, dtype, dtype_or_skip):
+    """Protects layernorm.torch._cpu.kept and backward_y on tensors: the kept set of the
+    reference, and dx, dresidual, dweight, dbias within the table of the reference's
+    memory-efficient mode; an add-norm with dh and a float32 residual stream."""
+    torch = pytest.importorskip("torch")
+    from layernorm.torch import _cpu
+
+    dt = dtype_or_skip(dtype)
+    tdt = getattr(torch, dtype)
+    norm = NORMS[name]
+    d = 72
+    x = (0.5 + RNG.standard_normal((3, 11, d))).astype(dt)
+    gamma, beta = _weights(d, dt)
+    residual = RNG.standard_normal(x.shape).astype(np.float32)
+    dy = RNG.standard_normal(x.shape).astype(dt)
+    dh = RNG.standard_normal(x.shape).astype(np.float32)
+
+    def t(a, to=tdt):  # bfloat16 through float32, exactly
+        return torch.from_numpy(np.asarray(a, np.float32 if a.dtype.name == "bfloat16"
+                                           else a.dtype)).to(to)
+
+    xt, rt = t(x), t(residual, torch.float32)
+    w, b = t(gamma), t(beta) if norm.centred else None
+    h_dtype = torch.float32 if norm.residual else None
+    y, h, stats = _cpu.forward(xt, rt if norm.residual else None, w, b, norm.eps,
+                               norm.centred, False, h_dtype, True)
+    xn = h if norm.residual else xt
+    keep, kept = _cpu.kept(xn, w, b, stats, norm.centred, False, y.dtype)
+    dx, dres, dw, db = _cpu.backward_y(t(dy), t(dh, torch.float32) if norm.residual else None,
+                                       y, w, b, stats, keep, kept, norm.centred, False,
+                                       tdt if norm.residual else None, h_dtype)
+    if norm.residual:
+        args = _args(norm, x, gamma, beta, residual)
+        *_, cache = getattr(ref, f"{name}_forward")(*args, residual_dtype="float32",
+                                                    memory_efficient=True)
+        want = getattr(ref, f"{name}_backward")(dy, dh, cache)
+        got = [dx, dres, dw, db][:len(want)]
+    else:
+        *_, cache = getattr(ref, f"{name}_forward")(*_args(norm, x, gamma, beta),
+                                                    memory_efficient=True)
+        want = getattr(ref, f"{name}_backward")(dy, cache)
+        got = [dx, dw, db][:len(want)]
+    np.testing.assert_array_equal(keep.numpy(), _cache_keep(cache))
+    tol = "float32" if norm.residual and dtype == "float64" else dtype
+    for g, wnt, what in zip(got, want, ("dx", "dresidual/dgamma", "dgamma/dbeta", "dbeta"),
+                            strict=False):
+        g = g.float().numpy() if g.dtype == torch.bfloat16 else g.numpy()
+        assert_close(g, wnt, tol, "param" if g.ndim == 1 else "out", scale=_size(wnt),
+                     name=what)
+    assert dx.dtype == tdt and kept.dtype == (torch.float64 if dtype == "float64" and
+                                              not norm.residual else torch.float32)
