@@ -816,6 +816,13 @@ def _recovered_row(yr, chan, keep, kr, z):
     return xs
 
 
+@njit(inline="always", cache=True)
+def _terms(d, dw, g, yv, n, z):
+    """One element's terms of sweep 1 from y: (dy * scale, dy * (y - shift)), the second with
+    dy times w where some channels are kept (dw = dy * w, else dy) (:func:`_sum_grad_y`)."""
+    return d * g, dw * (_to(_ld(yv), z) - n)
+
+
 @njit(fastmath={"reassoc"}, cache=True)
 def _sum_grad_y(yr, dyr, chan, masked, z):
     """(sum_j u_j, sum_j u_j * xhat_j) of a row of y over the recovered channels, u = dy *
@@ -834,44 +841,89 @@ def _sum_grad_y(yr, dyr, chan, masked, z):
         db = dyr[j0:j0 + BLOCK]
         gb = chan[CH_SCALE, j0:j0 + BLOCK]
         nb = chan[CH_NUM, j0:j0 + BLOCK]
+        wb = chan[CH_W, j0:j0 + BLOCK]
         b1 = z
         b2 = z
         if masked:
-            wb = chan[CH_W, j0:j0 + BLOCK]
             for j in range(yb.shape[0]):
                 d = _ld(db[j])
-                b1 += d * gb[j]
-                b2 += (d * wb[j]) * (_to(_ld(yb[j]), z) - nb[j])
+                t1, t2 = _terms(d, d * wb[j], gb[j], yb[j], nb[j], z)
+                b1 += t1
+                b2 += t2
         else:
             for j in range(yb.shape[0]):
                 d = _ld(db[j])
-                b1 += d * gb[j]
-                b2 += d * (_to(_ld(yb[j]), z) - nb[j])
+                t1, t2 = _terms(d, d, gb[j], yb[j], nb[j], z)
+                b1 += t1
+                b2 += t2
         s1 += b1
         s2 += b2
     return s1, s2
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _sum_grad_y_tile(yt, dyt, chan, masked, z):
+    """:func:`_sum_grad_y` of TILE rows at once (yt, dyt: (TILE, D)): (su, sut) of rows 0, 1,
+    2, 3, in one sweep that loads each channel's values once for the TILE rows (for long
+    rows, reading them once a row took sweep 1 out of L1). Each row's sums are its own; their
+    blocks are those of :func:`_sum_grad_y`, their order within a block LLVM's."""
+    a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = 0.0
+    for j0 in range(0, yt.shape[1], BLOCK):
+        j1 = min(yt.shape[1], j0 + BLOCK)
+        y0, y1, y2, y3 = yt[0, j0:j1], yt[1, j0:j1], yt[2, j0:j1], yt[3, j0:j1]  # (<= BLOCK,)
+        d0, d1, d2, d3 = dyt[0, j0:j1], dyt[1, j0:j1], dyt[2, j0:j1], dyt[3, j0:j1]
+        gb = chan[CH_SCALE, j0:j1]
+        nb = chan[CH_NUM, j0:j1]
+        wb = chan[CH_W, j0:j1]
+        p0 = p1 = p2 = p3 = q0 = q1 = q2 = q3 = z
+        if masked:
+            for j in range(y0.shape[0]):
+                g, n, w = gb[j], nb[j], wb[j]
+                e0, e1, e2, e3 = _ld(d0[j]), _ld(d1[j]), _ld(d2[j]), _ld(d3[j])
+                t0, u0 = _terms(e0, e0 * w, g, y0[j], n, z)
+                t1, u1 = _terms(e1, e1 * w, g, y1[j], n, z)
+                t2, u2 = _terms(e2, e2 * w, g, y2[j], n, z)
+                t3, u3 = _terms(e3, e3 * w, g, y3[j], n, z)
+                p0, p1, p2, p3 = p0 + t0, p1 + t1, p2 + t2, p3 + t3
+                q0, q1, q2, q3 = q0 + u0, q1 + u1, q2 + u2, q3 + u3
+        else:
+            for j in range(y0.shape[0]):
+                g, n = gb[j], nb[j]
+                e0, e1, e2, e3 = _ld(d0[j]), _ld(d1[j]), _ld(d2[j]), _ld(d3[j])
+                t0, u0 = _terms(e0, e0, g, y0[j], n, z)
+                t1, u1 = _terms(e1, e1, g, y1[j], n, z)
+                t2, u2 = _terms(e2, e2, g, y2[j], n, z)
+                t3, u3 = _terms(e3, e3, g, y3[j], n, z)
+                p0, p1, p2, p3 = p0 + t0, p1 + t1, p2 + t2, p3 + t3
+                q0, q1, q2, q3 = q0 + u0, q1 + u1, q2 + u2, q3 + u3
+        a0, a1, a2, a3 = a0 + p0, a1 + p1, a2 + p2, a3 + p3
+        c0, c1, c2, c3 = c0 + q0, c1 + q1, c2 + q2, c3 + q3
+    return a0, c0, a1, c1, a2, c2, a3, c3
 
 
 NSWEEP = 5  # a row's values for sweep 2, in T: hi, lo (0 for rows of y), rstd, mean_g,
 # mean_gxhat
 
 
-def _row_sums(src, dy, scale, me, stats, check, centred, i, st, k):
+def _row_sums(src, dy, scale, me, stats, check, centred, i, st, k, pre):
     """Sweep 1 of row i: fills st[k] (NSWEEP,) T for sweep 2; returns (fast, same): whether
     the row may take the T sweep 2 (SCALE = 1 and finite sums), and whether x[i] matched the
     forward's checksum (True where none is verified).
 
-    src: (M, D) x where ``me`` is None, else y (``me`` as for :func:`backward_y_chunks`).
+    src: (M, D) x where ``me`` is None, else y (``me`` as for :func:`backward_y_chunks`);
+    ``pre``: None, or the row's sums from y over the recovered channels, already formed
+    (:func:`_sum_grad_y_tile`).
     Inlined where it is called: it runs once per row, and a call passing a dozen arrays cost
     10% of the backward of rows of 256.
     """
 
 
 @overload(_row_sums, inline="always", jit_options={"cache": True})
-def _row_sums_typed(src, dy, scale, me, stats, check, centred, i, st, k):
+def _row_sums_typed(src, dy, scale, me, stats, check, centred, i, st, k, pre):
     from_x = isinstance(me, types.NoneType)
+    formed = not isinstance(pre, types.NoneType)
 
-    def impl(src, dy, scale, me, stats, check, centred, i, st, k):
+    def impl(src, dy, scale, me, stats, check, centred, i, st, k, pre):
         D = src.shape[1]
         z = scale.dtype.type(0)
         s = stats[i]
@@ -885,7 +937,10 @@ def _row_sums_typed(src, dy, scale, me, stats, check, centred, i, st, k):
             mgx = _to(r * (sut - lo * su) / D, z)
         else:
             chan, keep, kept = me
-            su, sut = _sum_grad_y(src[i], dy[i], chan, keep.shape[0] > 0, z)
+            if formed:
+                su, sut = pre
+            else:
+                su, sut = _sum_grad_y(src[i], dy[i], chan, keep.shape[0] > 0, z)
             for q in range(keep.shape[0]):  # the kept channels' terms, indexed: no views
                 j = keep[q]
                 sut += (_ld(dy[i, j]) * scale[j]) * kept[i, q]
@@ -922,7 +977,7 @@ def _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx, dres, p
     forward's checksum (nothing written then).
     """
     M = src.shape[0]
-    fast, same = _row_sums(src, dy, scale, me, stats, check, centred, i, st, k)
+    fast, same = _row_sums(src, dy, scale, me, stats, check, centred, i, st, k, None)
     if not same:
         return False
     dhr = dh[i]  # (D,), or (0,) when there is no dh
@@ -967,9 +1022,18 @@ def _chunks(src, dy, dh, zp, scale, me, stats, check, flags, dx, dres, partial, 
         end = (c + 1) * M // C
         while tiles and i + TILE <= end:
             fast = True
-            for k in range(TILE):
-                row_fast, _ = _row_sums(src, dy, scale, me, stats, check, centred, i + k, st, k)
-                fast = fast and row_fast
+            if me is None:
+                for k in range(TILE):
+                    row_fast, _ = _row_sums(src, dy, scale, me, stats, check, centred, i + k, st,
+                                            k, None)
+                    fast = fast and row_fast
+            else:
+                sums = _sum_grad_y_tile(src[i:i + TILE], dy[i:i + TILE], me[0],
+                                        me[1].shape[0] > 0, scale.dtype.type(0))
+                for k in range(TILE):
+                    row_fast, _ = _row_sums(src, dy, scale, me, stats, check, centred, i + k, st,
+                                            k, (sums[2 * k], sums[2 * k + 1]))
+                    fast = fast and row_fast
             if fast:
                 _write_dx_tile(src[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], zp, scale, st,
                                cols, dx[i:i + TILE], dres[i:i + TILE], pg, pb)
