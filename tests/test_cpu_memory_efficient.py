@@ -242,45 +242,52 @@ def test_bitwise_identical_across_thread_counts(name, family_inputs, run_norm, m
 
 # --- the hard cases --------------------------------------------------------------------------
 
+def _hard_weights(case, d, dt):
+    """(gamma, beta) of one of the rule's hard cases, in ``dt`` (beta clipped to a quarter of
+    y's largest value: float16 tops out at 65504)."""
+    signs = np.where(np.arange(d) % 2, 1.0, -1.0)
+    spread = np.geomspace(1e-4, 1e4, d) * signs  # gamma from 1e-4 to 1e4
+    if case == "zero":  # gamma = 0 exactly on every fifth channel
+        gamma, beta = 1.0 + 0.2 * RNG.standard_normal(d), RNG.standard_normal(d)
+        gamma[::5] = 0.0
+    else:
+        gamma, beta = spread, (1e4 * spread if case == "shifted" else np.zeros(d))
+    top = recovery.limits(dt)[1]
+    return gamma.astype(dt), np.clip(beta, -top / 4, top / 4).astype(dt)
+
+
+@pytest.mark.parametrize("case", ["zero", "spread", "shifted"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm"])
-def test_hard_cases_of_the_rule(name, dtype, dtype_or_skip, run_norm, float64_oracle,
+def test_hard_cases_of_the_rule(name, dtype, case, dtype_or_skip, run_norm, float64_oracle,
                                 results_close):
     """Protects the rule's cases in the fused kernels: gamma = 0 exactly on every fifth
-    channel, gamma spanning 1e-4 to 1e4 (beta = 0), and beta = 1e4 * gamma (every channel of
-    LayerNorm kept): the kept set is recovery.kept_channels of the cache's scale and shift,
-    and every result is within the table of the float64 oracle and the reference's mode."""
+    channel (``zero``), gamma spanning 1e-4 to 1e4 with beta = 0 (``spread``), and beta = 1e4
+    * gamma (``shifted``: every channel of LayerNorm kept): the kept set is
+    recovery.kept_channels of the cache's scale and shift and the reference's, and every
+    result is within the table of the float64 oracle and of the reference's mode."""
     dt = dtype_or_skip(dtype)
     norm = NORMS[name]
     d = 40
-    span = np.geomspace(1e-4, 1e4, d) * np.where(np.arange(d) % 2, 1.0, -1.0)
-    zero = np.where(np.arange(d) % 5 == 0, 0.0, 1.0 + 0.2 * RNG.standard_normal(d))
-    cases = {"gamma = 0 on every fifth channel": (zero, RNG.standard_normal(d)),
-             "gamma from 1e-4 to 1e4, beta = 0": (span, np.zeros(d)),
-             "beta = 1e4 * gamma": (span, 1e4 * span)}
-    top = recovery.limits(dt)[1]
-    for case, (g64, b64) in cases.items():
-        gamma = g64.astype(dt)
-        beta = np.clip(b64, -top / 4, top / 4).astype(dt)  # float16 tops out at 65504
-        x = (0.5 + RNG.standard_normal((9, d))).astype(dt)
-        residual = RNG.standard_normal(x.shape).astype(dt)
-        args = _args(norm, x, gamma, beta, residual)
-        cot = [RNG.standard_normal(x.shape).astype(dt) for _ in norm.forward_outputs]
-        *_, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True)
-        np.testing.assert_array_equal(
-            cache.keep, recovery.kept_channels(cache.scale, cache.shift, dt, d))
-        np.testing.assert_array_equal(cache.keep, _cache_keep(
-            getattr(ref, f"{name}_forward")(*args, memory_efficient=True)[-1]))
-        if case.startswith("gamma = 0"):
-            assert set(range(0, d, 5)) <= set(cache.keep.tolist()), case
-        if case.startswith("beta = 1e4") and norm.centred:
-            assert cache.keep.size == d, case
-        got = run_norm(cpu, norm, args, cot, memory_efficient=True)
-        want = float64_oracle(norm, args, cot).results
-        scales = {k: _size(w) for k, w in want.items()}
-        results_close(got, want, dt, scales=scales, what=f"{case}: oracle")
-        results_close(got, run_norm(ref, norm, args, cot, memory_efficient=True), dt,
-                      scales=scales, what=f"{case}: reference")
+    gamma, beta = _hard_weights(case, d, dt)
+    x = (0.5 + RNG.standard_normal((9, d))).astype(dt)
+    args = _args(norm, x, gamma, beta, RNG.standard_normal(x.shape).astype(dt))
+    cot = [RNG.standard_normal(x.shape).astype(dt) for _ in norm.forward_outputs]
+    *_, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True)
+    keep = cache.keep.tolist()
+    assert keep == recovery.kept_channels(cache.scale, cache.shift, dt, d).tolist()
+    assert keep == _cache_keep(getattr(ref, f"{name}_forward")(*args,
+                                                               memory_efficient=True)[-1]).tolist()
+    if case == "zero":
+        assert set(range(0, d, 5)) <= set(keep)
+    if case == "shifted" and norm.centred:
+        assert len(keep) == d
+    got = run_norm(cpu, norm, args, cot, memory_efficient=True)
+    want = float64_oracle(norm, args, cot).results
+    scales = {k: _size(w) for k, w in want.items()}
+    results_close(got, want, dt, scales=scales, what="oracle")
+    results_close(got, run_norm(ref, norm, args, cot, memory_efficient=True), dt,
+                  scales=scales, what="reference")
 
 
 @pytest.mark.parametrize("dtype, big", [("float32", 1e30), ("float64", 1e300)])

@@ -13,6 +13,8 @@ The memory-efficient backward (:func:`backward_y`) reads y instead of x: the for
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -138,29 +140,48 @@ def backward(dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
     stats = stats.contiguous()
     cdt = compute_dtype(xn.dtype)
     scale = _scale(weight, d, cdt, zero_centered_gamma)
+    dy, dh, dx, dres, names = _outputs(xn, dy, dh, cdt, x_dtype, residual_dtype)
+    flags = kernels.CENTRED if centred else 0
+    dw, db = _run(entry.backward_key(*names), lambda partial, c: (
+        _p(xn), _p(dy), _p(dh), _p(dx), _p(dres), 0, _p(scale), _p(stats), 0, flags,
+        _p(partial), 0, m, d, 0 if dh is None else d, d if add else 0, 0, c), m, d, weight, bias,
+        xn)
+    return dx, dres, dw, db
+
+
+def _outputs(src: Tensor, dy: Tensor, dh: Tensor | None, cdt: torch.dtype,
+             x_dtype: torch.dtype | None, residual_dtype: torch.dtype | None,
+             ) -> tuple[Tensor, Tensor | None, Tensor, Tensor, tuple[str | None, ...]]:
+    """What both backwards set up: dy in the compute dtype, dh in the add's, dx (``x_dtype``,
+    src's dtype when None) and dresidual (empty without ``residual_dtype``), and the dtype
+    names of the kernel's roles (:func:`layernorm.cpu.entry.backward_key`'s order)."""
     dy = _in(dy, cdt)
-    dx = torch.empty(xn.shape, dtype=xn.dtype if x_dtype is None else x_dtype)
-    dres = xn.new_empty((0,))
+    dx = torch.empty(src.shape, dtype=src.dtype if x_dtype is None else x_dtype)
+    dres = src.new_empty((0,))
     adt = compute_dtype(dx.dtype, residual_dtype or dx.dtype, cdt)  # the dtype dh joins dx in
-    if add:
-        dres = torch.empty(xn.shape, dtype=residual_dtype)
+    if residual_dtype is not None:
+        dres = torch.empty(src.shape, dtype=residual_dtype)
     dh = None if dh is None else _in(dh, adt)
+    names = (_NAMES[src.dtype], _NAMES[dy.dtype], None if dh is None else _NAMES[dh.dtype],
+             _NAMES[dx.dtype], None if residual_dtype is None else _NAMES[residual_dtype],
+             _NAMES[cdt], _NAMES[adt])
+    return dy, dh, dx, dres, names
+
+
+def _run(key: str, args: Callable[[Tensor, int], tuple], m: int, d: int, weight: Tensor | None,
+         bias: Tensor | None, src: Tensor) -> tuple[Tensor, Tensor]:
+    """The backward named ``key`` over the row chunks (``args(partial, C)`` its arguments
+    before the chunk range), then the chunks' partials summed: (dweight, dbias), each an
+    empty (0,) of src's dtype where its parameter is absent."""
     c = kernels.n_chunks(m)
     partial = torch.empty((c, 2, d), dtype=torch.float64)
-    key = entry.backward_key(_NAMES[xn.dtype], _NAMES[dy.dtype],
-                             None if dh is None else _NAMES[dh.dtype], _NAMES[dx.dtype],
-                             _NAMES[residual_dtype] if add else None, _NAMES[cdt], _NAMES[adt])
     sums = torch.zeros((2, d), dtype=torch.float64)
     if m:
-        flags = kernels.CENTRED if centred else 0
-        entry.run(entry.ctypes_fn(key),
-                  (_p(xn), _p(dy), _p(dh), _p(dx), _p(dres), 0, _p(scale), _p(stats), 0, flags,
-                   _p(partial), 0, m, d, 0 if dh is None else d, d if add else 0, 0, c),
-                  c, m * d, torch.get_num_threads())
+        entry.run(entry.ctypes_fn(key), args(partial, c), c, m * d, torch.get_num_threads())
         entry.ctypes_fn("reduce")(_p(partial), _p(sums), c, d)
-    dw = xn.new_empty((0,)) if weight is None else sums[0].to(weight.dtype, copy=True)
-    db = xn.new_empty((0,)) if bias is None else sums[1].to(bias.dtype, copy=True)
-    return dx, dres, dw, db
+    dw = src.new_empty((0,)) if weight is None else sums[0].to(weight.dtype, copy=True)
+    db = src.new_empty((0,)) if bias is None else sums[1].to(bias.dtype, copy=True)
+    return dw, db
 
 
 
@@ -219,28 +240,10 @@ def backward_y(dy: Tensor, dh: Tensor | None, y: Tensor, weight: Tensor | None,
     shift = _shift(bias if centred else None, d, cdt)
     keep = keep.contiguous()
     kept = kept.contiguous()
-    dy = _in(dy, cdt)
-    dx = torch.empty(y.shape, dtype=y.dtype if x_dtype is None else x_dtype)
-    dres = y.new_empty((0,))
-    adt = compute_dtype(dx.dtype, residual_dtype or dx.dtype, cdt)  # the dtype dh joins dx in
-    if add:
-        dres = torch.empty(y.shape, dtype=residual_dtype)
-    dh = None if dh is None else _in(dh, adt)
-    c = kernels.n_chunks(m)
-    partial = torch.empty((c, 2, d), dtype=torch.float64)
-    key = entry.backward_y_key(_NAMES[y.dtype], _NAMES[dy.dtype],
-                               None if dh is None else _NAMES[dh.dtype], _NAMES[dx.dtype],
-                               _NAMES[residual_dtype] if add else None, _NAMES[cdt],
-                               _NAMES[adt])
-    sums = torch.zeros((2, d), dtype=torch.float64)
-    if m:
-        flags = kernels.CENTRED if centred else 0
-        entry.run(entry.ctypes_fn(key),
-                  (_p(y), _p(dy), _p(dh), _p(dx), _p(dres), 0, _p(scale), _p(shift), _p(keep),
-                   _p(kept), _p(stats), flags, _p(partial), m, d, 0 if dh is None else d,
-                   d if add else 0, k, c),
-                  c, m * d, torch.get_num_threads())
-        entry.ctypes_fn("reduce")(_p(partial), _p(sums), c, d)
-    dw = y.new_empty((0,)) if weight is None else sums[0].to(weight.dtype, copy=True)
-    db = y.new_empty((0,)) if bias is None else sums[1].to(bias.dtype, copy=True)
+    dy, dh, dx, dres, names = _outputs(y, dy, dh, cdt, x_dtype, residual_dtype)
+    flags = kernels.CENTRED if centred else 0
+    dw, db = _run(entry.backward_y_key(*names), lambda partial, c: (
+        _p(y), _p(dy), _p(dh), _p(dx), _p(dres), 0, _p(scale), _p(shift), _p(keep), _p(kept),
+        _p(stats), flags, _p(partial), m, d, 0 if dh is None else d, d if add else 0, k, c),
+        m, d, weight, bias, y)
     return dx, dres, dw, db
