@@ -14,6 +14,12 @@ or 1 + gamma, and centred = True for LayerNorm, False for RMSNorm (then hi = lo 
                  mean(g) = su / D (centred only), mean(g * xhat) = rstd * (sut - lo * su) / D
               2  dx_j = rstd * ((u_j - mean(g)) - xhat_j * mean(g * xhat)) [+ dh_j for add-norms]
                  dgamma_j += dy_j * xhat_j, dbeta_j += dy_j  (float64 partials per row chunk)
+    backward  from y (memory-efficient), shift = beta (0 for RMSNorm), the kept channels K
+              (layernorm.recovery.kept_channels) with their xhat from the forward:
+              1  su = sum_j u_j, sut = sum_{j not in K} dy_j * (y_j - shift_j)
+                 + sum_{j in K} u_j * xhat_j, mean(g * xhat) = sut / D
+              2  as above with xhat_j = (y_j - shift_j) / scale_j (an IEEE division in T)
+                 off K; dx_j and dgamma's term on K written from the kept xhat after the sweep
 
 Code paths (docs/cpu-kernels.md has the reasons and the measurements):
 - every row: sweeps B and C (B twice where the sample's mean is off), sums in blocks of BLOCK
@@ -22,6 +28,8 @@ Code paths (docs/cpu-kernels.md has the reasons and the measurements):
 - backward tiles of TILE rows share one sweep over the float64 partials; a tile with a scaled
   row, or whose T sums are not finite, goes row by row, the same additions in the same order;
 - rows whose backward T sums overflow: dx in float64 on a power-of-two scaling of dy;
+- the backward from y: the same sweeps, tiles and float64 path (``_chunks``); a tile's sweep 1
+  runs its TILE rows at once, loading each channel's scale and shift once;
 - dgamma/dbeta: ``n_chunks(M)`` row chunks of float64 partials, summed in chunk order.
 
 Storage: float32 and float64 arrays are read as they are; float16 travels as its bits in a
