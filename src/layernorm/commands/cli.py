@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "bench": "layernorm.commands.bench",
     "check": "layernorm.commands.check",
     "cost": "layernorm.commands.cost",
+    "memory": "layernorm.commands.memory",
     "report": "layernorm.commands.report",
     "stability": "layernorm.commands.stability",
 }

@@ -31,6 +31,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("Numerical stability", "layernorm.commands.stability:report_section"),
     ("CPU kernels and bandwidth", "layernorm.commands.bench:report_section"),
     ("CPU versus peers", "layernorm.commands.bench:peers_report_section"),
+    ("Memory-efficient backward", "layernorm.commands.memory:report_section"),
     ("GPU kernels", "layernorm.commands.bench:gpu_report_section"),
 ]
 
