@@ -684,3 +684,26 @@ def test_a_result_records_the_command_that_made_it(monkeypatch, tmp_path):
     (tmp_path / "tools").mkdir()
     monkeypatch.setattr("sys.argv", [str(tmp_path / "tools" / "call_cost.py"), "--out", "f"])
     assert command_line() == "python tools/call_cost.py --out f"
+
+
+def test_memory_efficient_backends_are_timed_beside_their_default_mode():
+    """Protects the memory-efficient rows of `layernorm bench`: fused-me is checked against
+    the float64 reference like fused, and the table gives its backward's time over the
+    default mode's, per-round ratios, with a verdict against ME_GOAL (or the flag that
+    prevents one)."""
+    pytest.importorskip("numba")
+    rows = harness.run_bench([TINY], ["fused", "fused-me"], rounds=2, quick=True,
+                             progress=lambda msg: None)["rows"]
+    me = [r for r in rows if r["impl"] == "fused-me"]
+    assert {r["op"] for r in me} == set(providers.OPS)
+    assert all(r["check"] is not None and r["check"] <= 1 for r in me)
+    table = results.me_table(rows, markdown=True)
+    line = next(ln for ln in table.splitlines() if "| fused |" in ln)
+    base = results._find(rows, results._key(me[0]), "fused", "bwd")
+    mine = results._find(rows, results._key(me[0]), "fused-me", "bwd")
+    assert f"{base['p50_ms']:.3f}" in line and f"{mine['p50_ms']:.3f}" in line
+    p50 = 1 / mine["speedup"]["fused"]
+    assert f"{p50:.2f}x" in line
+    verdict = results.me_verdict(rows, mine)
+    assert verdict and verdict in line
+    assert any(h.startswith("`fused-me`: backward") for h in results.headlines(rows))

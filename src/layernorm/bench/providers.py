@@ -11,6 +11,10 @@
     (norm, "torch.compile")    ``torch.compile`` (inductor, the default backend) of the same
                      eager function ``torch`` times, compiled once in setup for the case's
                      shape and dtype; absent where compiling fails on this machine
+    (norm, "fused-me"), (norm, "layernorm.torch-me")  ``fused`` and ``layernorm.torch`` in
+                     memory-efficient mode (``memory_efficient=True``: the backward recovers
+                     xhat from y); ``fused-me`` returns a fresh y each call (the cache holds
+                     it, read-only)
 
 for every norm of :data:`layernorm.family.NORMS`. :func:`why_not` says, in one line, why a
 backend cannot run here (its library does not import, or compiling fails).
@@ -35,10 +39,13 @@ from ..dtypes import resolve
 from ..family import NORMS
 from ..family import norm as family_norm
 
-__all__ = ["BACKENDS", "OPS", "PROVIDERS", "Provider", "available", "eager", "inputs", "norms",
-           "ours", "outputs", "quantity", "reference", "why_not"]
+__all__ = ["BACKENDS", "MEMORY_EFFICIENT", "OPS", "PROVIDERS", "Provider", "available", "eager",
+           "inputs", "norms", "ours", "outputs", "quantity", "reference", "why_not"]
 
-BACKENDS = ("numpy", "fused", "layernorm.torch", "torch", "torch.compile")
+BACKENDS = ("numpy", "fused", "fused-me", "layernorm.torch", "layernorm.torch-me", "torch",
+            "torch.compile")
+MEMORY_EFFICIENT = {"fused-me": "fused", "layernorm.torch-me": "layernorm.torch"}
+"""Each memory-efficient backend and the default-mode backend it is compared with."""
 OPS = ("fwd", "bwd", "fwd+bwd")
 
 Ops = dict[str, Callable[[], object]]
@@ -84,16 +91,18 @@ def _numpy(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
     return ops, results
 
 
-def _fused(norm: str, a: dict[str, np.ndarray]) -> tuple[Ops, Results]:
+def _fused(norm: str, a: dict[str, np.ndarray], memory_efficient: bool = False
+           ) -> tuple[Ops, Results]:
     from .. import cpu
 
     n = family_norm(norm)
     args, cot, eps = _split(norm, a)
-    fwd = getattr(cpu, f"{norm}_forward")
+    fwd = functools.partial(getattr(cpu, f"{norm}_forward"), memory_efficient=memory_efficient)
     bwd = getattr(cpu, f"{norm}_backward")
     x = a["x"]
-    # outputs reused across calls, as a training loop with buffers would
-    fwd_out = {"out": np.empty_like(x)}
+    # outputs reused across calls, as a training loop with buffers would; y is the
+    # memory-efficient cache, so that mode makes a fresh one each call
+    fwd_out = {} if memory_efficient else {"out": np.empty_like(x)}
     bwd_out = {"out": np.empty_like(x)}
     if n.residual:
         fwd_out["out_h"] = np.empty_like(a["residual"])
@@ -150,7 +159,7 @@ def eager(norm: str, d: int, eps: float) -> Callable:
     return forward
 
 
-def ours(norm: str, d: int, eps: float) -> Callable:
+def ours(norm: str, d: int, eps: float, memory_efficient: bool = False) -> Callable:
     """``norm`` through :mod:`layernorm.torch`, with :func:`eager`'s arguments and results."""
     import layernorm.torch as lt
 
@@ -159,7 +168,7 @@ def ours(norm: str, d: int, eps: float) -> Callable:
 
     def forward(*args):
         k = 2 if n.residual else 1
-        out = fn(*args[:k], (d,), *args[k:], eps)
+        out = fn(*args[:k], (d,), *args[k:], eps, memory_efficient=memory_efficient)
         return out if n.residual else (out,)
 
     return forward
@@ -248,7 +257,10 @@ def _compile_probe() -> str | None:
 _BACKEND_SETUP = {
     "numpy": ("numpy", _numpy, None),
     "fused": ("numba", _fused, None),
+    "fused-me": ("numba", functools.partial(_fused, memory_efficient=True), None),
     "layernorm.torch": ("layernorm.torch", functools.partial(_autograd, ours), None),
+    "layernorm.torch-me": ("layernorm.torch", functools.partial(
+        _autograd, functools.partial(ours, memory_efficient=True)), None),
     "torch": ("torch", functools.partial(_autograd, eager), None),
     "torch.compile": ("torch", _compiled, _compile_probe),
 }

@@ -65,17 +65,19 @@ import numpy as np
 
 from .._table import render
 from ..family import norm as family_norm
-from .providers import BACKENDS
+from .providers import BACKENDS, MEMORY_EFFICIENT
 
 __all__ = ["BUSY_CORES", "BWD_GOAL", "CLOSE", "DRAM", "FRACTION_MARGIN", "FWD_GOAL",
            "IN_CACHE", "OVERHEAD_S", "STEADY", "STEP_GOAL", "STRADDLES", "TORCH_API_GOAL",
-           "UNKNOWN",
+           "ME_GOAL", "UNKNOWN",
            "bandwidth_figure", "default_path", "flag_rows", "format_latency", "format_table",
-           "fraction_verdict", "headlines", "load", "n_threads", "noisy", "plot_bandwidth",
+           "fraction_verdict", "headlines", "load", "me_table", "me_verdict", "n_threads",
+           "noisy", "plot_bandwidth",
            "regime_note", "save", "speedup_verdict", "summary_table", "torch_table", "verdict"]
 
 FWD_GOAL, BWD_GOAL, STEP_GOAL = 0.80, 0.70, 1.5  # fractions of copy; fwd+bwd speedup vs torch
 TORCH_API_GOAL = 1.5  # torch eager's fwd+bwd time over layernorm.torch's
+ME_GOAL = 1.10  # the memory-efficient backward's time over the default mode's, at most
 
 IN_CACHE, DRAM, STRADDLES, UNKNOWN = "in cache", "DRAM", "straddles LLC", "LLC size unknown"
 JUDGED_REGIMES = (IN_CACHE, DRAM)  # where pass and copy move their data through one level
@@ -345,6 +347,55 @@ def summary_table(rows: list[dict], markdown: bool = False) -> str:
     return render(head, body, markdown)
 
 
+def _me_ratio(row: dict) -> tuple[float, float, float] | None:
+    """The memory-efficient ``row``'s time over its default mode's, (p50, p20, p80) over
+    per-round ratios, or None where the default was not timed."""
+    r = _ratio(row, MEMORY_EFFICIENT[row["impl"]])
+    return None if r is None else (1 / r[0], 1 / r[2], 1 / r[1])
+
+
+def me_verdict(rows: list[dict], row: dict) -> str | None:
+    """The goal "the memory-efficient backward takes at most :data:`ME_GOAL` times the
+    default's": "met" when p80 of the per-round ratios is within it, "missed" when p20 is
+    beyond it, else "within the noise" with the spread; a time unfit for a verdict (flags,
+    :func:`noisy`) says so; None where the default mode was not timed."""
+    ratio = _me_ratio(row)
+    if ratio is None:
+        return None
+    base = _find(rows, _key(row), MEMORY_EFFICIENT[row["impl"]], row["op"])
+    unfit = [f for r in (row, base) if r for f in r["flags"] if f.startswith(_TIME_FLAGS)]
+    if unfit:
+        return _short(unfit)
+    if (why := noisy(*(r for r in (row, base) if r))):
+        return why
+    _, lo, hi = ratio
+    if hi <= ME_GOAL:
+        return "met"
+    if lo > ME_GOAL:
+        return "missed"
+    return f"within the noise ({lo:.2f}-{hi:.2f})"
+
+
+def me_table(rows: list[dict], markdown: bool = False) -> str:
+    """Per case and implementation with a memory-efficient mode: the backward's p50 in each
+    mode and the memory-efficient one's time over the default's (p50, p20-p80 of per-round
+    ratios) against :data:`ME_GOAL`. Empty when no memory-efficient backend was timed."""
+    head = ["norm", "shape", "dtype", "impl", "default bwd ms", "memory-efficient bwd ms",
+            "ME / default", f"goal <= {ME_GOAL:.2f}x"]
+    body = []
+    for case in _cases(rows):
+        for me_impl, impl in MEMORY_EFFICIENT.items():
+            me, base = _find(rows, case, me_impl, "bwd"), _find(rows, case, impl, "bwd")
+            ratio = None if me is None else _me_ratio(me)
+            if ratio is None:
+                continue
+            body.append([_title(me), "x".join(map(str, me["shape"])), me["dtype"], impl,
+                         f"{base['p50_ms']:.3f}", f"{me['p50_ms']:.3f}",
+                         f"{ratio[0]:.2f}x ({ratio[1]:.2f}-{ratio[2]:.2f})",
+                         me_verdict(rows, me)])
+    return render(head, body, markdown) if body else ""
+
+
 def torch_table(rows: list[dict], markdown: bool = False) -> str:
     """Per case timed with ``layernorm.torch``: torch eager's and torch.compile's fwd+bwd time
     over layernorm.torch's, p50 (p20-p80) of per-round ratios, and the goal: torch eager's over
@@ -456,6 +507,15 @@ def headlines(rows: list[dict]) -> list[str]:
         if not mine:
             continue
         parts = []
+        if impl in MEMORY_EFFICIENT:
+            judged = [me_verdict(rows, r) for r in mine if r["op"] == "bwd"]
+            ratios = [q[0] for r in mine if r["op"] == "bwd" and (q := _me_ratio(r))]
+            if ratios:
+                met = sum(v == "met" for v in judged)
+                lines.append(f"`{impl}`: backward {min(ratios):.2f}x-{max(ratios):.2f}x the "
+                             f"default mode's time (p50); goal <= {ME_GOAL:.2f}x met at {met} "
+                             f"of {len(judged)} cases")
+            continue
         if impl == "fused":
             for op, goal in (("fwd", FWD_GOAL), ("bwd", BWD_GOAL)):
                 judged = [(r, fraction_verdict(r, goal),

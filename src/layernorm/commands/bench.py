@@ -47,7 +47,8 @@ from .report import Section, folded
 __all__ = ["OURS", "REPORT_SHAPES", "add_arguments", "gpu_report_section", "parse_shape",
            "peers_report_section", "report_section", "run", "run_cuda", "run_peers"]
 
-OURS = ("numpy", "fused", "layernorm.torch")  # this package's: a failed check fails the command
+# this package's: a failed check fails the command
+OURS = ("numpy", "fused", "fused-me", "layernorm.torch", "layernorm.torch-me")
 # The report's short set, one shape per judged regime of a 32 MiB last-level cache in float32:
 # 4x256x768 in cache for every norm (an add-norm's backward moves 15.7 MB), 4x1024x4096 in
 # DRAM (its copy moves 134 MB); each case also compiles torch.compile's function.
@@ -179,6 +180,11 @@ def run(args: argparse.Namespace) -> int:
               f"layernorm.torch's, p50 (p20-p80) of per-round ratios; goal >= "
               f"{results.TORCH_API_GOAL}x torch\n")
         print(api)
+    me = results.me_table(rows, markdown=True)
+    if me:
+        print(f"\nMemory-efficient backward: its time over the default mode's, p50 (p20-p80) "
+              f"of per-round ratios; goal <= {results.ME_GOAL:.2f}x\n")
+        print(me)
     print("\n" + "\n".join(f"- {line}" for line in results.headlines(rows)))
     if "first_call" in meta:
         print("\n" + results.format_latency(meta["first_call"]))
@@ -385,6 +391,10 @@ def report_section(ctx: object) -> Section:
         + results.summary_table(rows, markdown=True)
         + (f"\n\nThe PyTorch API: fwd+bwd time of `torch` and `torch.compile` over "
            f"`layernorm.torch`'s (p50 and p20-p80 of per-round ratios).\n\n{api}" if api else "")
+        + (f"\n\nThe memory-efficient backward (`fused-me`, `layernorm.torch-me`: "
+           f"`memory_efficient=True`, xhat recovered from y): its time over the default "
+           f"mode's (p50 and p20-p80 of per-round ratios); goal <= {results.ME_GOAL:.2f}x."
+           f"\n\n{me}" if (me := results.me_table(rows, markdown=True)) else "")
         + ("" if latency is None else "\n\nCompiled kernels are cached on disk; "
            + results.format_latency(latency) + ".")
         + f"\n\n{plot}\n\n"
