@@ -1,14 +1,16 @@
 """The memory-efficient backward of the Triton kernels (layernorm.gpu.kernels.backward_from_y):
 xhat recovered from y as (y - shift) / scale, the channels layernorm.recovery keeps read from
-their own (M, k) store, against the reference's memory-efficient backward.
+their own (M, k) store and the rows it keeps whole from their (r, D) store, against the
+reference's memory-efficient backward.
 
 The saves are what a memory-efficient forward keeps: y from kernels.forward, its rstd,
 keep = recovery.kept_channels(scale, shift in the compute dtype, y's dtype, D) and kept = xhat
-of those channels from xn, mean and rstd. The reference (layernorm.reference.*_forward(...,
+of those channels from xn, mean and rstd; rows = recovery.kept_rows(the true rstd, eps, shift,
+keep) and xhat_rows = xhat of those rows. The reference (layernorm.reference.*_forward(...,
 memory_efficient=True), then *_backward) is the definition; it is given the same saves (its
-OutputCache with y, rstd and xhat_kept replaced by these), so the comparison is of the two
-backwards alone. Tolerances as in test_gpu.py: dx and dresidual are "out" results, dw and db
-sums over rows ("gpu-param"; "param" for float64 data).
+OutputCache with y, rstd, xhat_kept, rows and xhat_rows replaced by these), so the comparison
+is of the two backwards alone. Tolerances as in test_gpu.py: dx and dresidual are "out"
+results, dw and db sums over rows ("gpu-param"; "param" for float64 data).
 
 As the other tests/gpu files: on CUDA when present, else in Triton's interpreter on CPU tensors
 (conftest.py sets TRITON_INTERPRET=1), with small shapes.
@@ -66,12 +68,15 @@ pytestmark = pytest.mark.filterwarnings(
 @dataclass
 class Saves:
     """What the memory-efficient backward reads: y (x's dtype), rstd (M,), keep (k,) and kept
-    (M, k) in the compute dtype T."""
+    (M, k) in the compute dtype T, rows (r,) and xhat_rows (r, D) in T (both None: the
+    launcher's default, no rows kept whole)."""
 
     y: torch.Tensor
     rstd: torch.Tensor
     keep: torch.Tensor
     kept: torch.Tensor
+    rows: torch.Tensor | None = None
+    xhat_rows: torch.Tensor | None = None
 
 
 def _param_values(case: Case, T: torch.dtype) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -87,10 +92,11 @@ def _param_values(case: Case, T: torch.dtype) -> tuple[np.ndarray | None, np.nda
 
 def saves_of(case: Case, *, true_rstd: bool = False) -> Saves:
     """The saves of ``case``'s forward (kernels.forward): keep from recovery.kept_channels on
-    the scale and shift in the compute dtype, kept = (xn - mean) * rstd of those channels (in
-    float64, rounded once to T). ``true_rstd``: on rows the forward rescaled (negative rstd)
-    fold s back in, s * |rstd|, and take kept from xn * s, as a memory-efficient forward must;
-    otherwise rstd is the forward's, mark included."""
+    the scale and shift in the compute dtype, kept = (xn * s - mean) * |rstd| of those channels
+    (in float64, rounded once to T; s = 1 but on rows the forward rescaled), rows from
+    recovery.kept_rows on the true rstd (s * |rstd|) and xhat_rows the same xhat of those rows
+    on every channel. ``true_rstd``: the rstd saved is the true one, as a memory-efficient
+    forward must keep it; otherwise the forward's, mark included."""
     n = case.norm
     y, h, mean, rstd = kernels.forward(
         case.x, case.residual, case.weight, case.bias, case.eps, centred=n.centred,
@@ -98,18 +104,20 @@ def saves_of(case: Case, *, true_rstd: bool = False) -> Saves:
     xn = (h if n.residual else case.x).double()
     T = rstd.dtype
     D = xn.shape[1]
-    s = torch.ones_like(rstd, dtype=torch.float64)
-    if true_rstd:  # kernels._pow2_scale: max|xn| * s in [1/2, 1), exponent capped
-        bias = 126 if T == torch.float32 else 1022
-        e = torch.frexp(xn.abs().amax(dim=1)).exponent.clamp(-bias, bias)
-        s = torch.where(rstd < 0, torch.pow(2.0, -e.double()), s)
-        rstd = (rstd.double().abs() * s).to(T)
-    keep = recovery.kept_channels(*_param_values(case, T), y.dtype, D)
-    keep = torch.from_numpy(keep).to(DEVICE)
-    r = rstd.double().abs()
+    # kernels._pow2_scale: max|xn| * s in [1/2, 1), exponent capped
+    bias = 126 if T == torch.float32 else 1022
+    e = torch.frexp(xn.abs().amax(dim=1)).exponent.clamp(-bias, bias)
+    s = torch.where(rstd < 0, torch.pow(2.0, -e.double()), 1.0)  # (M,)
+    true = (rstd.double().abs() * s).to(T)  # (M,) the rstd of xn
+    r = rstd.double().abs()  # (M,) the rstd of xn * s
     r = torch.where(r < float("inf"), r, 0.0)  # a constant row with eps = 0: xhat = 0
-    xhat = (xn[:, keep] * s[:, None] - mean.double()[:, None]) * r[:, None]
-    return Saves(y, rstd, keep, xhat.to(T))
+    scale, shift = _param_values(case, T)
+    keep = recovery.kept_channels(scale, shift, y.dtype, D)
+    rows = recovery.kept_rows(_numpy(true), case.eps, shift, keep)
+    keep, rows = torch.from_numpy(keep).to(DEVICE), torch.from_numpy(rows).to(DEVICE)
+    xhat = (xn * s[:, None] - mean.double()[:, None]) * r[:, None]  # (M, D)
+    return Saves(y, true if true_rstd else rstd, keep, xhat[:, keep].to(T), rows,
+                 xhat[rows].to(T))
 
 
 def run_from_y(case: Case, saves: Saves) -> dict[str, torch.Tensor | None]:
@@ -118,7 +126,8 @@ def run_from_y(case: Case, saves: Saves) -> dict[str, torch.Tensor | None]:
     dx, dr, dw, db = kernels.backward_from_y(
         case.dy, case.dh, saves.y, case.weight, case.bias, saves.rstd, saves.keep, saves.kept,
         centred=n.centred, zero_centered_gamma=case.zero_centered_gamma,
-        x_dtype=case.x.dtype, residual_dtype=case.residual.dtype if n.residual else None)
+        x_dtype=case.x.dtype, residual_dtype=case.residual.dtype if n.residual else None,
+        rows=saves.rows, xhat_rows=saves.xhat_rows)
     got = {"dx": dx, "dresidual": dr, "dgamma": dw, "dbeta": db}
     return {k: got[k] for k in _names(case)}
 
@@ -139,9 +148,10 @@ class Want:
     dh: np.ndarray | None
 
 
-def reference(case: Case, saves: Saves) -> Want:
+def reference(case: Case, saves: Saves, *, own_rows: bool = True) -> Want:
     """The reference's memory-efficient backward given ``saves``: its forward (which must keep
-    the same channels), its OutputCache with y, rstd and xhat_kept replaced by the saves'."""
+    the same channels, and when ``own_rows`` the same rows), its OutputCache with y, rstd,
+    xhat_kept, rows and xhat_rows replaced by the saves' (no rows when they are None)."""
     n = case.norm
     name = n.name
     args = [_numpy(case.x)] + ([_numpy(case.residual)] if n.residual else [])
@@ -153,8 +163,16 @@ def reference(case: Case, saves: Saves) -> Want:
     norm = cache.norm if n.residual else cache
     keep = saves.keep.cpu().numpy()
     assert np.array_equal(norm.keep, keep), (norm.keep, keep)
+    if saves.rows is None:
+        rows = np.empty(0, np.int64)
+        xhat_rows = np.empty((0, saves.y.shape[1]), _numpy(saves.rstd).dtype)
+    else:
+        rows, xhat_rows = saves.rows.cpu().numpy(), _numpy(saves.xhat_rows)
+    if own_rows:
+        assert np.array_equal(norm.rows, rows), (norm.rows, rows)
     norm = dataclasses.replace(norm, y=_numpy(saves.y).reshape(norm.y.shape),
-                               rstd=_numpy(saves.rstd), xhat_kept=_numpy(saves.kept))
+                               rstd=_numpy(saves.rstd), xhat_kept=_numpy(saves.kept),
+                               rows=rows, xhat_rows=xhat_rows)
     dy, dh = _numpy(case.dy), _numpy(case.dh)
     if n.residual:
         out = getattr(ref, f"{name}_backward")(dy, dh, dataclasses.replace(cache, norm=norm))
@@ -190,13 +208,15 @@ def sizes(want: Want, rows: slice = slice(None)) -> dict[str, float]:
 
 
 def assert_matches_reference(case: Case, saves: Saves | None = None, *,
-                             rows_scaled: bool = False) -> tuple[dict, Saves]:
+                             rows_scaled: bool = False, own_rows: bool = True
+                             ) -> tuple[dict, Saves]:
     """Every result of backward_from_y on ``saves`` (default :func:`saves_of`) within the
     table of the reference's on the same saves, in the right dtype and shape (dx and
-    dresidual per row, relative to the row's size, when ``rows_scaled``); returns ours."""
+    dresidual per row, relative to the row's size, when ``rows_scaled``); returns ours.
+    ``own_rows``: the reference's forward keeps the same rows whole as ``saves``."""
     saves = saves_of(case) if saves is None else saves
     got = run_from_y(case, saves)
-    want = reference(case, saves)
+    want = reference(case, saves, own_rows=own_rows)
     size = sizes(want)
     for name, g in got.items():
         w = want.results[name]
@@ -417,6 +437,178 @@ def test_constant_rows(name, row_len):
     assert all(torch.isfinite(v).all() for v in got.values() if v is not None)
 
 
+# --- rows kept whole ------------------------------------------------------------------------------
+
+
+class LaunchSpy:
+    """A backward kernel whose launches record their HAS_ROWS flag in ``seen``."""
+
+    def __init__(self, kernel, seen: list[bool]):
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kw):
+            self.seen.append(kw["HAS_ROWS"])
+            return launch(*args, **kw)
+        return run
+
+
+@pytest.fixture
+def has_rows(monkeypatch) -> list[bool]:
+    """The HAS_ROWS flag of every backward kernel launched, in order."""
+    seen: list[bool] = []
+    for k in ("_bwd_short_kernel", "_bwd_long_rowstats_kernel", "_bwd_long_dx_kernel"):
+        monkeypatch.setattr(kernels, k, LaunchSpy(getattr(kernels, k), seen))
+    return seen
+
+
+def _nearly_constant(case: Case, rows: list[int]) -> Case:
+    """``rows`` of an add-norm made nearly constant: h = v + k ulps of h's dtype (k in -2..2),
+    x = v * U(0.2, 0.8) rounded to x's dtype and residual = h - x rounded to its own, so
+    x + residual is h up to the residual's rounding (var ~ (u v)**2, far below eps).
+    v = +-U(1, 2): xhat ~ u * v / sqrt(eps) is then ~1e-3 of what recovery through a bias of
+    N(0, 0.5) loses (u * |bias / scale|). h's dtype is float32 or float64."""
+    g = torch.Generator().manual_seed(7)
+    D = case.x.shape[1]
+    hdt = case.h_dtype or case.x.dtype
+    for r in rows:
+        v = ((1.0 + torch.rand((), generator=g, dtype=torch.float64)) * (-1.0) ** r).to(hdt)
+        ulp = torch.nextafter(v, torch.tensor(float("inf"), dtype=hdt)) - v
+        h = (v + torch.randint(-2, 3, (D,), generator=g).to(hdt) * ulp).double()
+        x = (h * (0.2 + 0.6 * torch.rand(D, generator=g, dtype=torch.float64))).to(case.x.dtype)
+        case.x[r] = x.to(DEVICE)
+        case.residual[r] = (h - x.double()).to(DEVICE, case.residual.dtype)
+    return case
+
+
+def _mixed_precision(dtype: str) -> dict[str, str]:
+    """bfloat16 activations on a float32 residual stream with float32 parameters (y is
+    bfloat16, T float32); the other dtypes throughout."""
+    if dtype != "bfloat16":
+        return {}
+    return {"residual_dtype": "float32", "h_dtype": "float32", "param_dtype": "float32"}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_nearly_constant_rows_of_an_add_norm(dtype, row_len, has_rows):
+    """Protects the rows kept whole (recovery's "Rows") on an add-norm's nearly constant rows
+    (var < eps under a non-zero bias): recovery.kept_rows names them, their xhat is read from
+    xhat_rows, and every result is within the table of the reference's with the same rows, dx
+    and dresidual row by row. In a batch of such rows alone, dgamma (sums of dy * xhat,
+    xhat ~ 1e-3) is within the table relative to its own terms, sum |dy * xhat|: recovering
+    xhat through the bias would be off by ~1e-3 of that in float32 and float64 alike, and
+    wholly for a bfloat16 y of a float32 stream. Tiles mixing both kinds of rows; short and
+    long rows."""
+    for whole in ([0, 2, 3, 5], list(range(6))):
+        case = _nearly_constant(make_case("add_layer_norm", 6, row_len, dtype,
+                                          **_mixed_precision(dtype)), whole)
+        got, saves = assert_matches_reference(case, rows_scaled=True)
+        assert saves.rows.tolist() == whole and saves.xhat_rows.shape == (len(whole), row_len)
+        assert has_rows and all(has_rows)
+    want = reference(case, saves)
+    xhat = want.norm.xhat().astype(np.float64)
+    terms = float((np.abs(want.dy.astype(np.float64) * xhat).sum(0)).max())
+    assert 0 < terms < 0.1 * np.abs(want.dy.astype(np.float64)).sum(0).max()
+    dt = _coarser(_name(got["dgamma"].dtype), _compute(saves.rstd.dtype))
+    tolerances.assert_close(_numpy(got["dgamma"]).astype(np.float64), want.results["dgamma"],
+                            dt, "param" if dt == "float64" else "gpu-param", scale=terms,
+                            name="dgamma")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_constant_rows_kept_whole(dtype, row_len):
+    """Protects plain LayerNorm rows made constant (xhat = 0, y = bias rounded to y's dtype):
+    kept whole (rows 1 and 3 of 5, by kept_rows), their xhat 0 read from xhat_rows, where a
+    bfloat16 y of float32 parameters would recover (round(bias) - bias) / scale, ~1e-3, and
+    dgamma would be off by that times dy; every result within the table of the reference's."""
+    case = make_case("layer_norm", 5, row_len, dtype,
+                     param_dtype="float32" if dtype == "bfloat16" else None)
+    case.x[1], case.x[3] = 0.1, -3.3
+    got, saves = assert_matches_reference(case, rows_scaled=True)
+    assert saves.rows.tolist() == [1, 3] and not saves.xhat_rows.any()
+    assert all(torch.isfinite(v).all() for v in got.values() if v is not None)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_rows_read_whole(name, dtype, row_len, has_rows):
+    """Protects how a row kept whole is read, whatever the rule chose: its xhat from its own
+    row of xhat_rows on every channel (kept channels included), y unused. Rows 0, 3 and 4 of 6
+    given N(0, 1) values no y gives, through a row stride: dx and dresidual row by row, dw and
+    db within the table of the reference's given the same rows; the other rows' dx and
+    dresidual bit for bit those of the run without rows; a contiguous xhat_rows bit for bit
+    the same."""
+    case = _some_kept(make_case(name, 6, row_len, dtype))
+    base = saves_of(case)
+    assert base.rows.numel() == 0 and base.keep.numel() > 0
+    g = torch.Generator().manual_seed(5)
+    values = torch.randn((3, row_len), generator=g, dtype=torch.float64)
+    values = values.to(DEVICE, base.rstd.dtype)
+    rows = torch.tensor([0, 3, 4], device=DEVICE)
+    kept = base.kept.clone()
+    kept[rows] = values[:, base.keep]  # as a forward stores them: the same xhat in both
+    saves = dataclasses.replace(base, kept=kept, rows=rows, xhat_rows=strided(values))
+    got, _ = assert_matches_reference(case, saves, rows_scaled=True, own_rows=False)
+    assert has_rows and all(has_rows)
+    plain = run_from_y(case, dataclasses.replace(saves, rows=None, xhat_rows=None))
+    for k in ("dx", "dresidual"):
+        if k in got:
+            assert torch.equal(got[k][[1, 2, 5]], plain[k][[1, 2, 5]]), k
+            assert not torch.equal(got[k][[0, 3, 4]], plain[k][[0, 3, 4]]), k
+    contiguous = run_from_y(case, dataclasses.replace(saves, xhat_rows=values))
+    for k in got:
+        assert torch.equal(contiguous[k], got[k]), k
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_no_rows_kept(name, row_len, has_rows):
+    """Protects r = 0: rows (0,) and xhat_rows (0, D) give bit for bit the results of rows =
+    xhat_rows = None, every kernel launched with HAS_ROWS False (the code without rows)."""
+    case = _some_kept(make_case(name, 6, row_len, "float32"))
+    saves = saves_of(case)
+    assert saves.rows.numel() == 0 and saves.xhat_rows.shape == (0, row_len)
+    empty = run_from_y(case, saves)
+    none = run_from_y(case, dataclasses.replace(saves, rows=None, xhat_rows=None))
+    assert has_rows and not any(has_rows)
+    for k in empty:
+        assert torch.equal(empty[k], none[k]), k
+
+
+def test_bad_rows():
+    """Protects the launcher's contract on rows and xhat_rows: one without the other, rows not
+    a (r,) int64 tensor on y's device or naming more rows than M, xhat_rows of another dtype
+    than T, another shape than (r, D), a column stride or another device: an error naming the
+    argument, not a silent result."""
+    case = _some_kept(make_case("layer_norm", 4, 8, "float32"))
+    s = saves_of(case)
+    rows = torch.tensor([1, 2], device=DEVICE)
+    xr = torch.zeros((2, 8), device=DEVICE)
+
+    def call(**kw):
+        a = {"dy": case.dy, "dh": None, "y": s.y, "weight": case.weight, "bias": case.bias,
+             "rstd": s.rstd, "keep": s.keep, "kept": s.kept, "centred": True, "rows": rows,
+             "xhat_rows": xr, **kw}
+        return kernels.backward_from_y(**a)
+
+    call()
+    for kw, match in (({"xhat_rows": None}, "xhat_rows is None"),
+                      ({"rows": None}, "rows is None"),
+                      ({"rows": rows.int()}, "rows must be"),
+                      ({"rows": rows[None]}, "rows must be"),
+                      ({"rows": rows.to("meta")}, "rows must be"),
+                      ({"rows": torch.arange(5, device=DEVICE),
+                        "xhat_rows": torch.zeros((5, 8), device=DEVICE)}, "more than M"),
+                      ({"xhat_rows": xr.double()}, "xhat_rows must be torch.float32"),
+                      ({"xhat_rows": xr[:, :7]}, "xhat_rows must be"),
+                      ({"xhat_rows": xr[:1]}, "xhat_rows must be"),
+                      ({"xhat_rows": torch.zeros((8, 2), device=DEVICE).t()}, "unit column"),
+                      ({"xhat_rows": xr.to("meta")}, "xhat_rows must be on")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            call(**kw)
+
+
 # --- layouts, M = 0, determinism, bad input -----------------------------------------------------
 
 
@@ -457,7 +649,9 @@ def test_empty_batch(name):
                                 h_dtype="float32"))
     keep = torch.tensor([3], dtype=torch.int64, device=DEVICE)
     saves = Saves(torch.empty((0, 16), dtype=torch.bfloat16, device=DEVICE),
-                  torch.empty(0, device=DEVICE), keep, torch.empty((0, 1), device=DEVICE))
+                  torch.empty(0, device=DEVICE), keep, torch.empty((0, 1), device=DEVICE),
+                  torch.empty(0, dtype=torch.int64, device=DEVICE),
+                  torch.empty((0, 16), device=DEVICE))
     got = run_from_y(case, saves)
     assert got["dx"].shape == (0, 16) and got["dx"].dtype == torch.bfloat16
     assert torch.equal(got["dgamma"], torch.zeros_like(case.weight))

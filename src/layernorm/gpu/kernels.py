@@ -48,7 +48,10 @@ Code paths, one line each:
 * the memory-efficient backward (:func:`backward_from_y`): the same backward kernels with
   FROM_Y, reading y where they read xn: xhat_j = (y_j - shift_j) / scale_j (shift = bias,
   a correctly rounded division), or, on the k channels layernorm.recovery keeps, the saved
-  xhat from an (M, k) store through a per-channel map (channel -> column, -1 if recovered).
+  xhat from an (M, k) store through a per-channel map (channel -> column, -1 if recovered);
+  on the r rows layernorm.recovery keeps whole (var < eps under a shift), the saved xhat on
+  every channel from an (r, D) store through a per-row map (row -> its row there, -1 if
+  recovered), read once per row (a branch per tile or row, compiled only when r > 0).
   No mean, no correction pass, no rescaling: rstd is the row's own.
 * dw and db: each backward program adds its rows into partial sums in T, one (P, D) row per
   program; a second kernel sums the P rows in a fixed order. No atomics: bit-identical runs.
@@ -566,6 +569,23 @@ def _xhat_from_y(
 
 
 @triton.jit
+def _whole_rows(
+    xhat,  # (ROWS, BLOCK_D) xhat recovered from y (_xhat_from_y)
+    XROWS,  # *T (r, D): xhat of the rows kept whole, row stride stride_rows
+    ridx,  # (ROWS, 1) int32: each row's row in XROWS, -1 where recovered
+    stride_rows,  # elements between consecutive rows of XROWS
+    offs,  # (1, BLOCK_D) channels
+    ok,  # (ROWS, BLOCK_D) valid entries
+):
+    """xhat with the rows kept whole read from XROWS on every channel (their y is not used:
+    recovery through the shift would lose their relative accuracy); 0 where not ok."""
+    whole = ridx >= 0
+    stored = tl.load(XROWS + tl.maximum(ridx, 0).to(tl.int64) * stride_rows + offs,
+                     mask=ok & whole, other=0.0)
+    return tl.where(whole, stored, xhat)
+
+
+@triton.jit
 def _bwd_short_kernel(
     DY,  # *dy.dtype (M, D): gradient of y, row stride stride_dy, unit column stride
     DH,  # *dh.dtype (M, D): gradient of h, row stride stride_dh; None unless HAS_DH
@@ -580,12 +600,15 @@ def _bwd_short_kernel(
     #        RSTD's dtype. FROM_Y: the row's 1 / sqrt(var + eps), never negative
     KMAP,  # *int32 (D,): column of each channel in KEPT, -1 if recovered; None unless HAS_KEPT
     KEPT,  # *T (M, k): xhat of the kept channels, row stride stride_kept; None unless HAS_KEPT
+    ROWMAP,  # *int32 (M,): row of each row in XROWS, -1 if recovered; None unless HAS_ROWS
+    XROWS,  # *T (r, D): xhat of the rows kept whole, row stride stride_rows; None unless HAS_ROWS
     DW_PART,  # *T (P, D): output, row p = this program's sum of dy * xhat
     DB_PART,  # *T (P, D): output, row p = this program's sum of dy
     stride_dy,  # elements between consecutive rows of DY
     stride_dh,  # elements between consecutive rows of DH
     stride_xn,  # elements between consecutive rows of XN
     stride_kept,  # elements between consecutive rows of KEPT
+    stride_rows,  # elements between consecutive rows of XROWS
     M,  # number of rows
     D,  # row length
     CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm
@@ -595,8 +618,10 @@ def _bwd_short_kernel(
     HAS_W: tl.constexpr,  # weight present: compute dw partial sums
     HAS_B: tl.constexpr,  # bias present: compute db partial sums (and, FROM_Y, shift by it)
     ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
-    FROM_Y: tl.constexpr,  # XN is y: xhat = (y - shift) / scale, or KEPT on kept channels
+    FROM_Y: tl.constexpr,  # XN is y: xhat = (y - shift) / scale, or KEPT on kept channels,
+    #                        or XROWS on rows kept whole
     HAS_KEPT: tl.constexpr,  # FROM_Y with k > 0 kept channels
+    HAS_ROWS: tl.constexpr,  # FROM_Y with r > 0 rows kept whole
     ROWS: tl.constexpr,  # rows per tile
     BLOCK_D: tl.constexpr,  # power of two >= D: a whole row per tile row
 ):
@@ -630,6 +655,11 @@ def _bwd_short_kernel(
             rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)  # (ROWS,)
             xhat = _xhat_from_y(xn, shift, scale, kcol, KEPT, rows64[:, None] * stride_kept,
                                 mask, HAS_W, HAS_B, HAS_KEPT)  # (ROWS, BLOCK_D)
+            if HAS_ROWS:
+                ridx = tl.load(ROWMAP + rows, mask=row_ok, other=-1)  # (ROWS,)
+                if tl.max(ridx, axis=0) >= 0:  # rare: a row of the tile is kept whole
+                    xhat = _whole_rows(xhat, XROWS, ridx[:, None], stride_rows, cols[None, :],
+                                       mask)
             rstd = tl.where(rstd < 0, NAN, rstd)  # a rescaled row's mark: y cannot give s
         else:
             mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)  # (ROWS,)
@@ -702,18 +732,23 @@ def _bwd_long_rowstats_kernel(
     #        RSTD's dtype
     KMAP,  # *int32 (D,): column of each channel in KEPT, -1 if recovered; None unless HAS_KEPT
     KEPT,  # *T (M, k): xhat of the kept channels, row stride stride_kept; None unless HAS_KEPT
+    ROWMAP,  # *int32 (M,): row of each row in XROWS, -1 if recovered; None unless HAS_ROWS
+    XROWS,  # *T (r, D): xhat of the rows kept whole, row stride stride_rows; None unless HAS_ROWS
     COEF,  # *T (4, M): output, per row mean(u), mean(g), mean(g * xhat) and s
     stride_dy,  # elements between consecutive rows of DY
     stride_xn,  # elements between consecutive rows of XN
     stride_kept,  # elements between consecutive rows of KEPT
+    stride_rows,  # elements between consecutive rows of XROWS
     M,  # number of rows
     D,  # row length
     CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm (mean(u) = mean(g) = 0)
     HAS_W: tl.constexpr,  # weight present
     HAS_B: tl.constexpr,  # FROM_Y: bias present, the shift
     ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
-    FROM_Y: tl.constexpr,  # XN is y: xhat = (y - shift) / scale, or KEPT on kept channels
+    FROM_Y: tl.constexpr,  # XN is y: xhat = (y - shift) / scale, or KEPT on kept channels,
+    #                        or XROWS on rows kept whole
     HAS_KEPT: tl.constexpr,  # FROM_Y with k > 0 kept channels
+    HAS_ROWS: tl.constexpr,  # FROM_Y with r > 0 rows kept whole
     BLOCK: tl.constexpr,  # elements per loop step
 ):
     # One program per long row, one pass over it for the row reductions dx needs (one more,
@@ -725,6 +760,8 @@ def _bwd_long_rowstats_kernel(
     xn_row = XN + row * stride_xn
     dy_row = DY + row * stride_dy
     s = tl.full([], 1.0, CDT)
+    if HAS_ROWS:
+        ridx = tl.load(ROWMAP + row)  # the row's row in XROWS, -1: recovered
     if not FROM_Y:
         mean = tl.load(MEAN + row)
         rstd = tl.load(RSTD + row)
@@ -753,6 +790,10 @@ def _bwd_long_rowstats_kernel(
             shift, kcol = _from_y_params(B, KMAP, start + cols, ok, CDT, HAS_B, HAS_KEPT)
             u = _xhat_from_y(y, shift, w, kcol, KEPT, row * stride_kept, ok, HAS_W, HAS_B,
                              HAS_KEPT)  # (BLOCK,) xhat
+            if HAS_ROWS:
+                if ridx >= 0:  # rare: the row is kept whole, its xhat stored
+                    u = tl.load(XROWS + ridx.to(tl.int64) * stride_rows + start + cols,
+                                mask=ok, other=0.0)
             if CENTRED:
                 sum_g += g
         else:
@@ -797,6 +838,8 @@ def _bwd_long_dx_kernel(
     #        RSTD's dtype. FROM_Y: the row's 1 / sqrt(var + eps), never negative
     KMAP,  # *int32 (D,): column of each channel in KEPT, -1 if recovered; None unless HAS_KEPT
     KEPT,  # *T (M, k): xhat of the kept channels, row stride stride_kept; None unless HAS_KEPT
+    ROWMAP,  # *int32 (M,): row of each row in XROWS, -1 if recovered; None unless HAS_ROWS
+    XROWS,  # *T (r, D): xhat of the rows kept whole, row stride stride_rows; None unless HAS_ROWS
     COEF,  # *T (4, M): per row mean(u), mean(g), mean(g * xhat), s from the row-stats kernel
     DW_PART,  # *T (P, D): output, row p = chunk p's sum of dy * xhat
     DB_PART,  # *T (P, D): output, row p = chunk p's sum of dy
@@ -804,6 +847,7 @@ def _bwd_long_dx_kernel(
     stride_dh,  # elements between consecutive rows of DH
     stride_xn,  # elements between consecutive rows of XN
     stride_kept,  # elements between consecutive rows of KEPT
+    stride_rows,  # elements between consecutive rows of XROWS
     M,  # number of rows
     D,  # row length
     rows_per_chunk,  # rows owned by one program along axis 0
@@ -814,8 +858,10 @@ def _bwd_long_dx_kernel(
     HAS_W: tl.constexpr,  # weight present: compute dw partial sums
     HAS_B: tl.constexpr,  # bias present: compute db partial sums (and, FROM_Y, shift by it)
     ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
-    FROM_Y: tl.constexpr,  # XN is y: xhat = (y - shift) / scale, or KEPT on kept channels
+    FROM_Y: tl.constexpr,  # XN is y: xhat = (y - shift) / scale, or KEPT on kept channels,
+    #                        or XROWS on rows kept whole
     HAS_KEPT: tl.constexpr,  # FROM_Y with k > 0 kept channels
+    HAS_ROWS: tl.constexpr,  # FROM_Y with r > 0 rows kept whole
     BLOCK: tl.constexpr,  # columns owned by one program along axis 1
 ):
     # Program (p, j) owns the rows of chunk p and the columns of block j: it writes their dx and
@@ -843,6 +889,11 @@ def _bwd_long_dx_kernel(
             mean_gxhat = tl.load(COEF + 2 * M + row)
             xhat = _xhat_from_y(xn, shift, scale, kcol, KEPT, row * stride_kept, ok, HAS_W,
                                 HAS_B, HAS_KEPT)  # (BLOCK,)
+            if HAS_ROWS:
+                ridx = tl.load(ROWMAP + row)
+                if ridx >= 0:  # rare: the row is kept whole, its xhat stored
+                    xhat = tl.load(XROWS + ridx.to(tl.int64) * stride_rows + cols, mask=ok,
+                                   other=0.0)
         else:
             mean = tl.load(MEAN + row)
             rstd = tl.abs(tl.load(RSTD + row))
@@ -1151,7 +1202,7 @@ def backward(
         raise ValueError(f"mean and rstd must be ({M},) {sdt}, as the forward returns them")
     x_dtype = xn.dtype if x_dtype is None or not add else x_dtype
     wide_add = add and torch.float64 in (x_dtype, residual_dtype, xn.dtype)
-    return _run_backward(dy, dh, xn, weight, bias, mean, rstd, None, None, sdt,
+    return _run_backward(dy, dh, xn, weight, bias, mean, rstd, None, None, None, None, sdt,
                          centred=centred, zero_centered_gamma=zero_centered_gamma,
                          x_dtype=x_dtype, residual_dtype=residual_dtype, wide_add=wide_add)
 
@@ -1170,6 +1221,8 @@ def backward_from_y(
     zero_centered_gamma: bool = False,
     x_dtype: torch.dtype | None = None,
     residual_dtype: torch.dtype | None = None,
+    rows: torch.Tensor | None = None,
+    xhat_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The memory-efficient backward: :func:`backward` with xhat recovered from the forward's
     output y instead of rebuilt from xn.
@@ -1178,11 +1231,12 @@ def backward_from_y(
     correctly rounded subtraction and one division: no reciprocal), scale = weight, or
     1 + weight with zero_centered_gamma, formed in T (no division without weight), shift = bias
     (no subtraction without bias); on the k channels ``keep`` names, xhat is read from ``kept``
-    instead (:mod:`layernorm.recovery` chooses them: where the recovery would lose xhat). The
-    rest is :func:`backward`'s: g = dy * scale, dx = rstd * (g - [mean(g)] - xhat *
-    mean(g * xhat)) [+ dh], dw = sum over rows of dy * xhat, db = sum of dy, by the same
-    kernels and the same two-stage reduction (the reference's memory-efficient
-    ``*_backward`` is the definition).
+    instead (:mod:`layernorm.recovery` chooses them: where the recovery would lose xhat); on
+    the r rows ``rows`` names (kept whole: var < eps under a non-zero shift, recovery's "Rows"),
+    xhat is read from ``xhat_rows`` on every channel, y not used. The rest is
+    :func:`backward`'s: g = dy * scale, dx = rstd * (g - [mean(g)] - xhat * mean(g * xhat))
+    [+ dh], dw = sum over rows of dy * xhat, db = sum of dy, by the same kernels and the same
+    two-stage reduction (the reference's memory-efficient ``*_backward`` is the definition).
 
     Args:
         dy: (M, D), unit column stride (any row stride), any of the four dtypes.
@@ -1202,6 +1256,10 @@ def backward_from_y(
         centred, zero_centered_gamma: as for the forward.
         x_dtype: x's dtype (default y's, which is x's).
         residual_dtype: the residual's dtype; given, this is an add-norm's backward.
+        rows: (r,) int64, the rows kept whole, distinct, in ascending order, in [0, M), on
+            y's device (r may be 0), or None (none kept); given with ``xhat_rows``.
+        xhat_rows: (r, D) in T (``kept``'s dtype), unit column stride: xhat of those rows; or
+            None with ``rows``. With r = 0 the kernels are compiled without the row branch.
 
     Returns:
         As :func:`backward`: dx (M, D) contiguous in x_dtype; dresidual (M, D) contiguous in
@@ -1234,15 +1292,47 @@ def backward_from_y(
                          f"{tuple(kept.shape)}, strides {kept.stride()}")
     if rstd.dtype != sdt or rstd.shape != (M,):
         raise ValueError(f"rstd must be ({M},) {sdt}, kept's dtype (the compute dtype)")
+    r = _check_rows_kept(rows, xhat_rows, M, D, sdt, y.device)
     x_dtype = y.dtype if x_dtype is None else x_dtype
     wide_add = add and torch.float64 in (x_dtype, residual_dtype, sdt)
     kmap = None
     if k > 0 and M > 0:  # channel -> its column in kept, -1 where recovered: O(D)
         kmap = torch.full((D,), -1, dtype=torch.int32, device=y.device)
         kmap[keep] = torch.arange(k, dtype=torch.int32, device=y.device)
-    return _run_backward(dy, dh, y, weight, bias, None, rstd, kmap, kept, sdt,
+    rmap = None
+    if r > 0 and M > 0:  # row -> its row in xhat_rows, -1 where recovered: O(M)
+        rmap = torch.full((M,), -1, dtype=torch.int32, device=y.device)
+        rmap[rows] = torch.arange(r, dtype=torch.int32, device=y.device)
+    return _run_backward(dy, dh, y, weight, bias, None, rstd, kmap, kept, rmap, xhat_rows, sdt,
                          centred=centred, zero_centered_gamma=zero_centered_gamma,
                          x_dtype=x_dtype, residual_dtype=residual_dtype, wide_add=wide_add)
+
+
+def _check_rows_kept(rows: torch.Tensor | None, xhat_rows: torch.Tensor | None, M: int,
+                     D: int, sdt: torch.dtype, device: torch.device) -> int:
+    """r, the number of rows kept whole, after checking :func:`backward_from_y`'s ``rows``
+    and ``xhat_rows`` (0 when both are None); an error naming the argument otherwise. The
+    values of ``rows`` are not read (that would wait for the device)."""
+    if rows is None and xhat_rows is None:
+        return 0
+    if rows is None or xhat_rows is None:
+        missing = "rows" if rows is None else "xhat_rows"
+        raise ValueError(f"rows and xhat_rows are given together: {missing} is None")
+    if rows.dim() != 1 or rows.dtype != torch.int64 or rows.device != device:
+        raise ValueError(f"rows must be a (r,) int64 tensor on {device}, got shape "
+                         f"{tuple(rows.shape)}, {rows.dtype} on {rows.device}")
+    r = rows.shape[0]
+    if r > M:
+        raise ValueError(f"rows names {r} rows, more than M = {M}")
+    if xhat_rows.dtype != sdt:
+        raise TypeError(f"xhat_rows must be {sdt}, kept's dtype (the compute dtype), got "
+                        f"{xhat_rows.dtype}")
+    if xhat_rows.device != device:
+        raise ValueError(f"xhat_rows must be on {device}, got {xhat_rows.device}")
+    if tuple(xhat_rows.shape) != (r, D) or (r > 0 and D > 1 and xhat_rows.stride(1) != 1):
+        raise ValueError(f"xhat_rows must be ({r}, {D}) with unit column stride, got shape "
+                         f"{tuple(xhat_rows.shape)}, strides {xhat_rows.stride()}")
+    return r
 
 
 def _run_backward(
@@ -1255,6 +1345,8 @@ def _run_backward(
     rstd: torch.Tensor,
     kmap: torch.Tensor | None,
     kept: torch.Tensor | None,
+    rmap: torch.Tensor | None,
+    xhat_rows: torch.Tensor | None,
     sdt: torch.dtype,
     *,
     centred: bool,
@@ -1265,7 +1357,8 @@ def _run_backward(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The launches of :func:`backward` (``mean`` given: xn is what the forward normalized) and
     of :func:`backward_from_y` (``mean`` None: xn is y, ``kmap`` and ``kept`` the kept
-    channels' columns and xhat, or None when k = 0), on checked arguments; T is ``sdt``."""
+    channels' columns and xhat, or None when k = 0; ``rmap`` and ``xhat_rows`` the rows kept
+    whole, their rows and xhat, or None when r = 0), on checked arguments; T is ``sdt``."""
     M, D = xn.shape
     add = residual_dtype is not None
     from_y = mean is None
@@ -1292,7 +1385,10 @@ def _run_backward(
     shift = bias if from_y else None  # the default backward reads only bias's dtype
     kmap, kept = (kmap, kept) if has_kept else (None, None)
     stride_kept = kept.stride(0) if has_kept else 0
-    from_y_flags = {"FROM_Y": from_y, "HAS_KEPT": has_kept}
+    has_rows = rmap is not None
+    rmap, xhat_rows = (rmap, xhat_rows) if has_rows else (None, None)
+    stride_rows = xhat_rows.stride(0) if has_rows else 0
+    from_y_flags = {"FROM_Y": from_y, "HAS_KEPT": has_kept, "HAS_ROWS": has_rows}
     flags = {
         "CENTRED": centred,
         "IS_ADD": add,
@@ -1308,21 +1404,22 @@ def _run_backward(
         if p.long:
             coef = torch.empty((4, M), dtype=sdt, device=dev)
             _bwd_long_rowstats_kernel[(M,)](
-                dy, xn, weight, shift, mean, rstd, kmap, kept, coef, dy.stride(0),
-                xn.stride(0), stride_kept, M, D,
+                dy, xn, weight, shift, mean, rstd, kmap, kept, rmap, xhat_rows, coef,
+                dy.stride(0), xn.stride(0), stride_kept, stride_rows, M, D,
                 CENTRED=centred, HAS_W=has_w, HAS_B=has_b and from_y,
                 ZERO_CENTERED=zero_centered_gamma, **from_y_flags,
                 BLOCK=p.block, num_warps=p.num_warps,
             )
             _bwd_long_dx_kernel[(chunks, col_blocks)](
-                dy, dh, xn, dx, dr, weight, shift, mean, rstd, kmap, kept, coef, dw_part,
-                db_part, dy.stride(0), stride_dh, xn.stride(0), stride_kept, M, D,
-                rows_per_chunk, **flags, BLOCK=p.block, num_warps=p.num_warps,
+                dy, dh, xn, dx, dr, weight, shift, mean, rstd, kmap, kept, rmap, xhat_rows,
+                coef, dw_part, db_part, dy.stride(0), stride_dh, xn.stride(0), stride_kept,
+                stride_rows, M, D, rows_per_chunk, **flags, BLOCK=p.block, num_warps=p.num_warps,
             )
         else:
             _bwd_short_kernel[(chunks,)](
-                dy, dh, xn, dx, dr, weight, shift, mean, rstd, kmap, kept, dw_part, db_part,
-                dy.stride(0), stride_dh, xn.stride(0), stride_kept, M, D,
+                dy, dh, xn, dx, dr, weight, shift, mean, rstd, kmap, kept, rmap, xhat_rows,
+                dw_part, db_part, dy.stride(0), stride_dh, xn.stride(0), stride_kept,
+                stride_rows, M, D,
                 **flags, ROWS=p.rows, BLOCK_D=p.block, num_warps=p.num_warps,
             )
         if has_w or has_b:
