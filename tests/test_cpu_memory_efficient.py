@@ -2,8 +2,9 @@
 
 Against the reference's memory-efficient mode, the float64 oracle and the default mode, for
 every norm and dtype; the recovery's arithmetic bit for bit (an IEEE division in T); the hard
-cases of the recovery rule and the float64 paths; the thread-count invariance; what the cache
-holds and refuses; the modules; and the Python kernels of the torch ops."""
+cases of the recovery rule and the float64 paths; the rows kept whole (var < eps under a
+shift) wherever they fall; the thread-count invariance; what the cache holds and refuses; the
+modules; and the Python kernels of the torch ops."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from layernorm.cpu import entry  # noqa: E402
 from layernorm.dtypes import DTYPES as TABLE  # noqa: E402
 from layernorm.dtypes import compute_dtype  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
+from layernorm.numerics import exact_norm, relative_error, unit_roundoff  # noqa: E402
 from layernorm.tolerances import assert_close  # noqa: E402
 
 DTYPES = ["float64", "float32", "float16", "bfloat16"]
@@ -46,6 +48,19 @@ def _weights(d, dt, zero_centered=False):
 
 def _cache_keep(cache):
     return cache.norm.keep if isinstance(cache, ref.AddNormCache) else cache.keep
+
+
+def _cache_rows(cache):
+    return cache.norm.rows if isinstance(cache, ref.AddNormCache) else cache.rows
+
+
+def _flatten(norm, args, rows):
+    """Make ``rows`` of what ``norm`` normalizes constant in place (x, or h = x + residual
+    with the residual's rows zero): var = 0 there, rows to keep whole under a shift."""
+    x = args[0]
+    x[rows] = x[rows, :1]
+    if norm.residual:
+        args[1][rows] = 0
 
 
 def _coarsest(*dtypes):
@@ -220,8 +235,8 @@ def test_dgamma_dbeta_add_rows_in_order_into_float64_chunk_partials():
 @pytest.mark.parametrize("name", list(NORMS))
 def test_bitwise_identical_across_thread_counts(name, family_inputs, run_norm, monkeypatch):
     """Protects the fixed chunking of the backward from y: 1 and 2 threads give equal bits
-    (the parameters' gradients included), with kept channels; the rows are split over the
-    threads even at this size."""
+    (the parameters' gradients included), with kept channels and rows kept whole; the rows
+    are split over the threads even at this size."""
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 Numba threads")
     monkeypatch.setattr(entry, "SERIAL_ELEMENTS", 1)
@@ -229,6 +244,7 @@ def test_bitwise_identical_across_thread_counts(name, family_inputs, run_norm, m
     args, cot = family_inputs(norm, (300, 520), "float32")
     n = 2 if norm.residual else 1
     args[n][[4, 9]] = 0.0  # kept
+    _flatten(norm, args, [3, 40, 41, 150, 299])  # rows kept whole (LayerNorms)
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
@@ -364,6 +380,137 @@ def test_constant_and_nan_rows():
     assert_close(dx[ok], dx0[ok], "float32", scale=_size(dx0[ok]))
 
 
+# --- the rows kept whole -----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_rows_of_small_variance_are_kept_whole_under_a_shift(dtype):
+    """Protects the rows' rule in the fused kernels: rows with var < eps (nearly constant: x +
+    residual rounded apart) keep their whole xhat when beta is non-zero, so dgamma summed over
+    such rows alone keeps its relative accuracy (within 4u of the exact oracle's; recovered
+    through beta it is off by ~MARGIN*u of sum|dy|, relatively 1e-5 in float32); with beta = 0
+    nothing is kept."""
+    dt = np.dtype(dtype)
+    d = 64
+    v = np.repeat(RNG.uniform(-100, 100, (6, 1)), d, axis=1)  # constant rows
+    residual = (v * RNG.uniform(0.2, 0.8, v.shape)).astype(dt)
+    x = (v - residual).astype(dt)  # h = x + residual: 1-ulp noise around v
+    gamma = (1 + 0.2 * RNG.standard_normal(d)).astype(dt)
+    dy = RNG.standard_normal(v.shape).astype(dt)
+    for beta, rows in ((RNG.standard_normal(d).astype(dt), 6), (np.zeros(d, dt), 0)):
+        _, h, cache = cpu.add_layer_norm_forward(x, residual, gamma, beta,
+                                                 memory_efficient=True)
+        assert cache.rows.tolist() == list(range(rows)) and cache.xrows.shape == (rows, d)
+        ex = exact_norm(h, gamma, beta, 1e-5, dy)
+        _, _, dgamma, _ = cpu.add_layer_norm_backward(dy, None, cache)
+        assert relative_error(dgamma, ex.dgamma) < 4 * unit_roundoff(dt)
+
+
+def test_the_kept_rows_follow_recovery():
+    """Protects the rule's inputs in the NumPy API: the rows kept are recovery.kept_rows of
+    the cache's rstd (RSTD * SCALE, float64), eps, shift and keep: the rows of var < eps
+    (zero, constant, eps/10) and not those of var = 10 eps or var = 1, the same as the
+    reference's; none for RMSNorm, none with beta = 0, and none where beta is non-zero only on
+    kept channels; xrows their xhat, the reference's within float32's rounding."""
+    d, eps = 40, 1e-5
+    x = RNG.standard_normal((12, d))
+    x[1] = 0.0
+    x[4] = -7.5
+    for i, var in ((6, eps / 10), (8, 10 * eps), (9, eps / 4)):
+        z = RNG.standard_normal(d)
+        x[i] = 2.0 + np.sqrt(var) * (z - z.mean()) / z.std()
+    x = x.astype(np.float32)
+    gamma, beta = _weights(d, np.float32)
+    _, cache = cpu.layer_norm_forward(x, gamma, beta, eps, memory_efficient=True)
+    assert cache.rows.tolist() == [1, 4, 6, 9]
+    want = recovery.kept_rows(cache.rstd, eps, cache.shift, cache.keep)
+    assert cache.rows.tolist() == want.tolist()
+    mine = ref.layer_norm_forward(x, gamma, beta, eps, memory_efficient=True)[1]
+    assert cache.rows.tolist() == mine.rows.tolist()
+    assert_close(cache.xrows, mine.xhat_rows, "float32", scale=1.0)
+    assert cpu.rms_norm_forward(x, gamma, eps, memory_efficient=True)[1].rows.size == 0
+    only_kept = np.zeros(d, np.float32)
+    only_kept[cache.keep] = beta[cache.keep]  # a shift on the kept channels alone
+    for b in (np.zeros(d, np.float32), only_kept):
+        c = cpu.layer_norm_forward(x, gamma, b, eps, memory_efficient=True)[1]
+        assert c.rows.size == 0 and c.xrows.shape == (0, d)
+
+
+def test_rows_kept_whole_anywhere_in_the_chunks():
+    """Protects where the kernel meets the rows kept whole: the first and last rows, inside a
+    tile, a whole tile, the leftover rows and both sides of the chunks' boundaries, beside a
+    kept channel and a row on the float64 path (dy near the top of the range): dgamma and
+    dbeta bit for bit the chunk-ordered float64 sums of T(dy * xhat) with xhat the stored row
+    on those rows and recovered elsewhere, and dx within float32's tolerance of the oracle,
+    row by row."""
+    m, d = 203, 300
+    c = cpu.n_chunks(m)
+    starts = [k * m // c for k in range(c)]
+    assert c == 4 and starts == [0, 50, 101, 152]
+    whole = [0, 5, 12, 13, 14, 15, 49, 50, 100, 101, 151, 152, 200, 202]
+    x = (0.5 + RNG.standard_normal((m, d))).astype(np.float32)
+    x[whole] = RNG.uniform(-10, 10, (len(whole), 1)).astype(np.float32)
+    noisy = whole[1:]  # 1-ulp noise (var < eps), where recovery would give another xhat
+    x[noisy, ::3] = np.nextafter(x[noisy, ::3], np.float32(np.inf))
+    gamma = (1 + 0.03 * RNG.standard_normal(d)).astype(np.float32)
+    gamma[11] = 0.0
+    beta = RNG.standard_normal(d).astype(np.float32)
+    dy = RNG.standard_normal((m, d)).astype(np.float32)
+    # rows 14 (kept whole) and 60: sum(dy * scale) overflows float32, dx does not: the
+    # float64 path
+    dy[[14, 60]] = (1.5e36 * (1 + 0.01 * RNG.standard_normal((2, d)))).astype(np.float32)
+    y, cache = cpu.layer_norm_forward(x, gamma, beta, memory_efficient=True)
+    assert cache.rows.tolist() == whole and 11 in cache.keep
+    dx, dg, db = cpu.layer_norm_backward(dy, cache)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xhat = (y - beta) / gamma  # (M, D) float32, as the kernel
+    xhat[:, cache.keep] = cache.kept
+    xhat[cache.rows] = cache.xrows
+    want = np.zeros((2, d))
+    for k in range(c):
+        part = np.zeros((2, d))
+        for i in range(starts[k], (starts + [m])[k + 1]):
+            if i in (14, 60):  # float64 products on the float64 path
+                part[0] += dy[i].astype(np.float64) * xhat[i].astype(np.float64)
+            else:
+                part[0] += dy[i] * xhat[i]
+            part[1] += dy[i]
+        want += part
+    assert dg.tobytes() == want[0].astype(np.float32).tobytes()
+    assert db.tobytes() == want[1].astype(np.float32).tobytes()
+    ex = exact_norm(x, gamma, beta, 1e-5, dy)
+    for i in range(m):
+        assert_close(dx[i], ex.dx[i], "float32", scale=_size(ex.dx[i]), name=f"dx row {i}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(NORMS))
+def test_rows_kept_whole_match_the_reference(name, dtype, dtype_or_skip, run_norm,
+                                             float64_oracle, results_close):
+    """Protects the rows kept whole in every norm and dtype: constant rows among ordinary
+    ones (in tiles and leftover rows), with a kept channel, give every result within the
+    table of the float64 oracle and of the reference's memory-efficient mode, and the kept
+    set is the reference's (none for the RMSNorms, which have no shift)."""
+    dt = dtype_or_skip(dtype)
+    norm = NORMS[name]
+    d = 96
+    x = (0.5 + 2.0 * RNG.standard_normal((23, d))).astype(dt)
+    gamma, beta = _weights(d, dt)
+    residual = RNG.standard_normal(x.shape).astype(dt)
+    args = _args(norm, x, gamma, beta, residual)
+    _flatten(norm, args, [2, 8, 9, 10, 11, 21])
+    cot = [RNG.standard_normal(x.shape).astype(dt) for _ in norm.forward_outputs]
+    *_, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True)
+    mine = getattr(ref, f"{name}_forward")(*args, memory_efficient=True)[-1]
+    assert cache.rows.tolist() == ([2, 8, 9, 10, 11, 21] if norm.centred else [])
+    assert cache.rows.tolist() == _cache_rows(mine).tolist()
+    got = run_norm(cpu, norm, args, cot, memory_efficient=True)
+    want = float64_oracle(norm, args, cot).results
+    scales = {k: _size(w) for k, w in want.items()}
+    results_close(got, want, dt, scales=scales, what="oracle")
+    results_close(got, run_norm(ref, norm, args, cot, memory_efficient=True), dt,
+                  scales=scales, what="reference")
+
+
 # --- the cache, the arguments, the inputs ---------------------------------------------------
 
 def test_cache_holds_y_stats_and_the_kept_channels():
@@ -386,7 +533,14 @@ def test_cache_holds_y_stats_and_the_kept_channels():
     assert_close(cache.kept, want.xhat_kept, "float32", scale=_size(want.xhat_kept))
     np.testing.assert_allclose(cache.rstd, want.rstd, rtol=1e-6)
     k = cache.keep.size
+    assert cache.rows.size == 0 and cache.xrows.shape == (0, d)  # no row of var < eps
     assert cache.nbytes == cpu.NSTATS * 10 * 8 + 8 * k + 4 * 10 * k + 2 * 4 * d
+    x2 = x.copy()
+    x2[[2, 7]] = 3.0  # two constant rows: kept whole
+    _, c2 = cpu.layer_norm_forward(x2, gamma, beta, memory_efficient=True)
+    assert c2.rows.tolist() == [2, 7] and c2.xrows.dtype == np.float32
+    assert c2.keep.tolist() == cache.keep.tolist()
+    assert c2.nbytes - cache.nbytes == 8 * 2 + 2 * d * 4
     before = cpu.layer_norm_backward(dy, cache)
     x[...] = 0  # x is not kept
     gamma[...] = 0
@@ -508,9 +662,10 @@ def test_modules_memory_efficient(cls, reuse):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 @pytest.mark.parametrize("name", list(NORMS))
 def test_torch_python_kernels_match_the_reference(name, dtype, dtype_or_skip):
-    """Protects layernorm.torch._cpu.kept and backward_y on tensors: the kept set of the
-    reference, and dx, dresidual, dweight, dbias within the table of the reference's
-    memory-efficient mode; an add-norm with dh and a float32 residual stream."""
+    """Protects layernorm.torch._cpu.kept and backward_y on tensors: the kept channels and
+    the rows kept whole (six constant rows, LayerNorms only) of the reference, and dx,
+    dresidual, dweight, dbias within the table of the reference's memory-efficient mode; an
+    add-norm with dh and a float32 residual stream."""
     torch = pytest.importorskip("torch")
     from layernorm.torch import _cpu
 
@@ -528,16 +683,19 @@ def test_torch_python_kernels_match_the_reference(name, dtype, dtype_or_skip):
         return torch.from_numpy(np.asarray(a, np.float32 if a.dtype.name == "bfloat16"
                                            else a.dtype)).to(to)
 
+    x[:, 4:6] = 3.0  # rows 4, 5, 15, 16, 26, 27 constant: kept whole under beta
+    residual[:, 4:6] = 0.0
     xt, rt = t(x), t(residual, torch.float32)
     w, b = t(gamma), t(beta) if norm.centred else None
     h_dtype = torch.float32 if norm.residual else None
     y, h, stats = _cpu.forward(xt, rt if norm.residual else None, w, b, norm.eps,
                                norm.centred, False, h_dtype, True)
     xn = h if norm.residual else xt
-    keep, kept = _cpu.kept(xn, w, b, stats, norm.centred, False, y.dtype)
+    keep, kept, rows, xrows = _cpu.kept(xn, w, b, stats, norm.eps, norm.centred, False,
+                                        y.dtype)
     dx, dres, dw, db = _cpu.backward_y(t(dy), t(dh, torch.float32) if norm.residual else None,
-                                       y, w, b, stats, keep, kept, norm.centred, False,
-                                       tdt if norm.residual else None, h_dtype)
+                                       y, w, b, stats, keep, kept, rows, xrows, norm.centred,
+                                       False, tdt if norm.residual else None, h_dtype)
     if norm.residual:
         args = _args(norm, x, gamma, beta, residual)
         *_, cache = getattr(ref, f"{name}_forward")(*args, residual_dtype="float32",
@@ -550,6 +708,9 @@ def test_torch_python_kernels_match_the_reference(name, dtype, dtype_or_skip):
         want = getattr(ref, f"{name}_backward")(dy, cache)
         got = [dx, dw, db][:len(want)]
     np.testing.assert_array_equal(keep.numpy(), _cache_keep(cache))
+    np.testing.assert_array_equal(rows.numpy(), _cache_rows(cache))
+    assert rows.tolist() == ([4, 5, 15, 16, 26, 27] if norm.centred else [])
+    assert xrows.shape == (rows.numel(), d) and xrows.dtype == kept.dtype
     tol = "float32" if norm.residual and dtype == "float64" else dtype
     for g, wnt, what in zip(got, want, ("dx", "dresidual/dgamma", "dgamma/dbeta", "dbeta"),
                             strict=False):

@@ -8,7 +8,8 @@ caller's dtypes. The caller's arrays are never written; ``out=`` arrays must not
 Two caches: :class:`CpuNormCache` (the default) refers to x and the backward recomputes xhat
 from it; :class:`CpuOutputCache` (``memory_efficient=True``) keeps y, returned read-only, and
 the backward recovers xhat = (y - shift) / scale from it, reading the xhat the forward kept
-for the channels :func:`layernorm.recovery.kept_channels` names.
+for the channels :func:`layernorm.recovery.kept_channels` names and for the rows
+:func:`layernorm.recovery.kept_rows` keeps whole.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .._validate import (
 )
 from ..dtypes import compute_dtype, widest_compute_dtype
 from ..family import NORMS, Norm
-from ..recovery import kept_channels
+from ..recovery import kept_channels, kept_rows
 from ..reference import form_scale
 from . import entry, kernels, memory
 from .entry import pointer
@@ -120,7 +121,8 @@ class CpuOutputCache(_RowStats):
     """What the memory-efficient fused backward needs from the forward: y instead of x.
 
     The backward recovers xhat_j = (y_j - shift_j) / scale_j in the compute dtype T and reads
-    ``kept`` on the channels :func:`layernorm.recovery.kept_channels` names (the reference's
+    ``kept`` on the channels :func:`layernorm.recovery.kept_channels` names and ``xrows`` on
+    the rows :func:`layernorm.recovery.kept_rows` keeps whole (the reference's
     :class:`layernorm.reference.OutputCache`, with the fused statistics).
 
     Attributes:
@@ -134,6 +136,10 @@ class CpuOutputCache(_RowStats):
         keep: (k,) int64, ascending: the channels whose xhat cannot be recovered from y.
         kept: (M, k) xhat of those channels in T, ((x * SCALE - HI) - LO) * RSTD formed in
             float64 from the statistics and rounded once (x is h for an add-norm).
+        rows: (r,) int64, ascending: the rows kept whole, var < eps where the shift is
+            non-zero on a recovered channel (:func:`layernorm.recovery.kept_rows` of
+            :attr:`rstd`, eps, ``shift`` and ``keep``).
+        xrows: (r, D) xhat of those rows in T, formed as ``kept`` is.
         gamma_dtype, beta_dtype, x_shape, x_dtype, residual_dtype: as in
             :class:`CpuNormCache`.
         inputs: where the caller's arrays live, so that the backward's ``out=`` is refused
@@ -147,6 +153,8 @@ class CpuOutputCache(_RowStats):
     shift: np.ndarray
     keep: np.ndarray
     kept: np.ndarray
+    rows: np.ndarray
+    xrows: np.ndarray
     gamma_dtype: np.dtype | None
     beta_dtype: np.dtype | None
     x_shape: tuple[int, ...]
@@ -156,9 +164,11 @@ class CpuOutputCache(_RowStats):
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds of its own: stats, the kept channels (keep and kept) and the
-        copies of scale and shift; not y, the caller's output."""
-        return sum(a.nbytes for a in (self.stats, self.keep, self.kept, self.scale, self.shift))
+        """Bytes the cache holds of its own: stats, the kept channels (keep and kept), the
+        rows kept whole (rows and xrows) and the copies of scale and shift; not y, the
+        caller's output."""
+        return sum(a.nbytes for a in (self.stats, self.keep, self.kept, self.rows, self.xrows,
+                                      self.scale, self.shift))
 
 
 _CACHES = (CpuNormCache, CpuOutputCache)
@@ -273,25 +283,28 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
     )
     if memory_efficient:
         keep = kept_channels(scale, beta_c, x.dtype, d)  # (k,) int64
+        # the shift as the kernel read it (T); rstd = RSTD * SCALE in float64
+        rows = kept_rows(stats[:, RSTD] * stats[:, SCALE], eps, beta_c, keep)  # (r,) int64
         xn = (h if norm.residual else xc).reshape(m, d)  # (M, D) what was normalized
-        kept = _kept_xhat(xn, keep, stats, cdt)  # (M, k)
+        kept = _xhat_of(xn[:, keep], stats, cdt)  # (M, k)
+        xrows = _xhat_of(xn[rows], stats[rows], cdt)  # (r, D)
         y.flags.writeable = False  # the backward reads it: a change would go unnoticed
         y2.flags.writeable = False
         return y, h, CpuOutputCache(y=y2, shift=beta_c.copy() if beta_c is beta else beta_c,
-                                    keep=keep, kept=kept, **params)
+                                    keep=keep, kept=kept, rows=rows, xrows=xrows, **params)
     cache = CpuNormCache(x=h2 if norm.residual else x2, check=check,
                          owns_x=copied and not norm.residual, **params)
     return y, h, cache
 
 
-def _kept_xhat(xn: np.ndarray, keep: np.ndarray, stats: np.ndarray,
-               cdt: np.dtype) -> np.ndarray:
-    """(M, k) xhat of the channels ``keep`` of xn (M, D), as the kernels define it: ((x * SCALE
-    - HI) - LO) * RSTD per row, in float64 from the statistics, rounded once to ``cdt``."""
-    xk = xn[:, keep].astype(np.float64)  # (M, k)
-    s = stats[:, :, None]  # (M, NSTATS, 1)
+def _xhat_of(xs: np.ndarray, stats: np.ndarray, cdt: np.dtype) -> np.ndarray:
+    """(n, c) xhat of xs (n, c), values of n rows of what was normalized, with those rows'
+    statistics (n, NSTATS), as the kernels define it: ((x * SCALE - HI) - LO) * RSTD per
+    row, in float64 from the statistics, rounded once to ``cdt``; C-contiguous."""
+    xk = xs.astype(np.float64)  # (n, c)
+    s = stats[:, :, None]  # (n, NSTATS, 1)
     with np.errstate(invalid="ignore", over="ignore"):
-        xhat = (((xk * s[:, SCALE]) - s[:, HI]) - s[:, LO]) * s[:, RSTD]  # (M, k) float64
+        xhat = (((xk * s[:, SCALE]) - s[:, HI]) - s[:, LO]) * s[:, RSTD]  # (n, c) float64
     return np.ascontiguousarray(xhat, dtype=cdt)
 
 
@@ -309,7 +322,7 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     from_y = isinstance(cache, CpuOutputCache)
     src = cache.y if from_y else cache.x  # (M, D) what the backward reads xhat from
     m, d = src.shape
-    kept = (cache.shift, cache.kept) if from_y else ()
+    kept = (cache.shift, cache.kept, cache.xrows) if from_y else ()
     avoid = (*given, dy, dh, src, cache.scale, *kept, *cache.inputs)
     dx = _output(out, "out", cache.x_shape, cache.x_dtype, avoid, _OVERLAP)
     dres = None
@@ -343,8 +356,9 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
         entry.run(entry.ctypes_fn(entry.backward_y_key(*names)),
                   (pointer(src), pointer(dy2), pointer(dh2), pointer(dx2), pointer(dres2), 0,
                    pointer(cache.scale), pointer(cache.shift), pointer(cache.keep),
-                   pointer(cache.kept), pointer(cache.stats), flags, pointer(partial), m, d,
-                   dh2.shape[1], dres2.shape[1], cache.keep.shape[0], c),
+                   pointer(cache.kept), pointer(cache.rows), pointer(cache.xrows),
+                   pointer(cache.stats), flags, pointer(partial), m, d, dh2.shape[1],
+                   dres2.shape[1], cache.keep.shape[0], cache.rows.shape[0], c),
                   c, m * d, threads())
     elif m:
         mc = cache.check.shape[0]  # rows to verify: M, or 0 for a forward without checksums
@@ -399,8 +413,8 @@ def layer_norm_forward(
             forward on rows out of cache), and then a change to x goes unseen.
         memory_efficient: keep y instead of x: y comes back read-only and the cache, a
             :class:`CpuOutputCache`, holds it with the statistics and the xhat of the channels
-            whose xhat y cannot give back (:mod:`layernorm.recovery`); the backward recovers
-            the rest from y. x is then free once the forward returns, and no checksum is
+            and rows whose xhat y cannot give back (:mod:`layernorm.recovery`); the backward
+            recovers the rest from y. x is then free once the forward returns, and no checksum is
             taken. Cannot be combined with ``out`` (ValueError).
 
     Returns:

@@ -118,10 +118,12 @@ def _signature(kind: str, codes: dict[str, str]):
                           _P(t["a"]), _P(t["t"]), _P(types.float64), _P(types.uint64), _I,
                           _P(types.float64), _P(types.boolean), _I, _I, _I, _I, _I, _I, _I, _I)
     if kind == "backward_y":
+        # y, dy, dh, dx, dr, a, scale, shift, keep, kept, rows, xrows, stats, flags, partial,
+        # m, d, dhc, drc, k, r, c, c0, c1
         return types.void(_P(t["y"]), _P(t["dy"]), _P(t["dh"]), _P(t["dx"]), _P(t["dr"]),
                           _P(t["a"]), _P(t["t"]), _P(t["t"]), _P(types.int64), _P(t["t"]),
-                          _P(types.float64), _I, _P(types.float64), _I, _I, _I, _I, _I, _I, _I,
-                          _I)
+                          _P(types.int64), _P(t["t"]), _P(types.float64), _I,
+                          _P(types.float64), _I, _I, _I, _I, _I, _I, _I, _I, _I)
     return types.void(_P(types.float64), _P(types.float64), _I, _I)
 
 

@@ -20,6 +20,8 @@ or 1 + gamma, and centred = True for LayerNorm, False for RMSNorm (then hi = lo 
                  + sum_{j in K} u_j * xhat_j, mean(g * xhat) = sut / D
               2  as above with xhat_j = (y_j - shift_j) / scale_j (an IEEE division in T)
                  off K; dx_j and dgamma's term on K written from the kept xhat after the sweep
+              the rows kept whole (layernorm.recovery.kept_rows: var < eps under a shift)
+              read their xhat row as stored: su, sut = sum_j u_j * xhat_j, then sweep 2
 
 Code paths (docs/cpu-kernels.md has the reasons and the measurements):
 - every row: sweeps B and C (B twice where the sample's mean is off), sums in blocks of BLOCK
@@ -29,7 +31,8 @@ Code paths (docs/cpu-kernels.md has the reasons and the measurements):
   row, or whose T sums are not finite, goes row by row, the same additions in the same order;
 - rows whose backward T sums overflow: dx in float64 on a power-of-two scaling of dy;
 - the backward from y: the same sweeps, tiles and float64 path (``_chunks``); a tile's sweep 1
-  runs its TILE rows at once, loading each channel's scale and shift once;
+  runs its TILE rows at once, loading each channel's scale and shift once; a tile holding a
+  row kept whole goes row by row (one comparison a tile where no row is kept);
 - dgamma/dbeta: ``n_chunks(M)`` row chunks of float64 partials, summed in chunk order.
 
 Storage: float32 and float64 arrays are read as they are; float16 travels as its bits in a
@@ -543,14 +546,16 @@ def forward_rows(x, residual, zp, zt, gamma, beta, eps, flags, y, h, stats, chec
 # One set of sweeps serves two sources of xhat. The default reads x: xhat = ((x - hi) - lo) *
 # rstd with the row's (hi, lo). The memory-efficient backward reads y: xhat = (y - shift) /
 # scale with the channel's (shift, scale), and the channels whose xhat the forward kept are
-# written afterwards (:func:`_write_kept`). ``me`` (None, or the tuple (chan, keep, kept) of
-# :func:`backward_y_chunks`) and ``cols`` (None, or chan) pick at compile time which one a
-# sweep computes, so neither pays for the other.
+# written afterwards (:func:`_write_kept`); a row the forward kept whole reads its stored xhat
+# row on every channel (:func:`_backward_whole_row`). ``me`` (None, or the tuple (chan, keep,
+# kept, rows, xrows) of :func:`backward_y_chunks`) and ``cols`` (None, chan, or () for a
+# stored xhat row) pick at compile time which one a sweep computes, so none pays for another.
 
 # Rows of ``chan`` (4, D) T, the memory-efficient backward's per-channel values: the scale;
 # num and den, shift and scale with 0 and inf on the kept channels (xhat = (y - num) / den is
 # 0 there); w, 1 with 0 on the kept channels.
 CH_SCALE, CH_NUM, CH_DEN, CH_W = 0, 1, 2, 3
+
 
 def _centring(st, k, cols):
     """(hi, lo) of row k of ``st`` where ``cols`` is None (rows of x), else None."""
@@ -564,12 +569,12 @@ def _centring_typed(st, k, cols):
 
 
 def _span(cols, j0, j1):
-    """None, or (num[j0:j1], den[j0:j1]) of ``cols`` = chan."""
+    """None (``cols`` None or ()), or (num[j0:j1], den[j0:j1]) of ``cols`` = chan."""
 
 
 @overload(_span, jit_options={"cache": True})
 def _span_typed(cols, j0, j1):
-    if isinstance(cols, types.NoneType):
+    if isinstance(cols, (types.NoneType, types.BaseTuple)):
         return lambda cols, j0, j1: None
     return lambda cols, j0, j1: (cols[CH_NUM, j0:j1], cols[CH_DEN, j0:j1])
 
@@ -596,7 +601,8 @@ def _recover(y, num, den, like):
 
 def _xhat(x, c, cj, rc):
     """xhat of element x: ((x - hi) - lo) * rc for c = (hi, lo) (x a row of x); (x - num) /
-    den for cj = (num, den) (x a row of y); x itself when both are None (a kept xhat)."""
+    den for cj = (num, den) (x a row of y); x itself when both are None (a kept xhat, or a row
+    kept whole)."""
 
 
 @overload(_xhat, jit_options={"cache": True})
@@ -625,13 +631,13 @@ def _dx(x, dy, g, c, cj, rc, mg, mgx):
 def _write_dx(xr, dyr, dhr, zp, scale, st, k, cols, dxr, drr, pg, pb, nx, ndy):
     """dx = rstd * ((u - mean_g) - xhat * mean_gxhat) [+ dh]; pg += dy * xhat; pb += dy.
 
-    xr, dyr, scale, dxr: (D,), xr a row of x (``cols`` None) or of y (``cols`` = (num, den),
-    (D,) T each, :func:`_recover`); st[k]: (NSWEEP,) T, the row's (hi, lo, rstd, mean_g,
-    mean_gxhat); dhr: (D,), added in the type of ``zp``, or (0,) without dh; drr: (D,)
-    receives dx too (an add-norm's dresidual, where the caller keeps it apart from dx), else
-    (0,). pg, pb: (D,) float64 (the products dy * xhat rounded to T first, as in the
-    reference). Prefetches the next row's x (or y) and dy (``nx``, ``ndy``). The four cases
-    are four loops, so that each vectorises.
+    xr, dyr, scale, dxr: (D,), xr a row of x (``cols`` None), of y (``cols`` = chan, whose
+    num and den give xhat, :func:`_recover`) or a row's xhat as stored, in T (``cols`` = ());
+    st[k]: (NSWEEP,) T, the row's (hi, lo, rstd, mean_g, mean_gxhat); dhr: (D,), added in the
+    type of ``zp``, or (0,) without dh; drr: (D,) receives dx too (an add-norm's dresidual,
+    where the caller keeps it apart from dx), else (0,). pg, pb: (D,) float64 (the products
+    dy * xhat rounded to T first, as in the reference). Prefetches the next row's x (or y)
+    and dy (``nx``, ``ndy``). The four cases are four loops, so that each vectorises.
     """
     D = xr.shape[0]
     xz = dxr.dtype.type(0)
@@ -944,7 +950,7 @@ def _row_sums_typed(src, dy, scale, me, stats, check, centred, i, st, k, pre):
             same = not verify or ck == check[i]
             mgx = _to(r * (sut - lo * su) / D, z)
         else:
-            chan, keep, kept = me
+            chan, keep, kept, _, _ = me
             if formed:
                 su, sut = pre
             else:
@@ -965,6 +971,57 @@ def _row_sums_typed(src, dy, scale, me, stats, check, centred, i, st, k, pre):
     return impl
 
 
+def _tile_sums(src, dy, scale, me, stats, check, centred, i, st):
+    """Sweep 1 of the TILE rows from row i (:func:`_row_sums` of each, st[k] for row i + k;
+    from y, their sums over the recovered channels in one sweep, :func:`_sum_grad_y_tile`);
+    whether every row of the tile may take the T sweep 2. Inlined where it is called."""
+
+
+@overload(_tile_sums, inline="always", jit_options={"cache": True})
+def _tile_sums_typed(src, dy, scale, me, stats, check, centred, i, st):
+    if isinstance(me, types.NoneType):
+        def from_x(src, dy, scale, me, stats, check, centred, i, st):
+            fast = True
+            for k in range(TILE):
+                row_fast, _ = _row_sums(src, dy, scale, me, stats, check, centred, i + k, st, k,
+                                        None)
+                fast = fast and row_fast
+            return fast
+        return from_x
+
+    def from_y(src, dy, scale, me, stats, check, centred, i, st):
+        sums = _sum_grad_y_tile(src[i:i + TILE], dy[i:i + TILE], me[0], me[1].shape[0] > 0,
+                                scale.dtype.type(0))
+        fast = True
+        for k in range(TILE):
+            row_fast, _ = _row_sums(src, dy, scale, me, stats, check, centred, i + k, st, k,
+                                    (sums[2 * k], sums[2 * k + 1]))
+            fast = fast and row_fast
+        return fast
+    return from_y
+
+
+def _whole_rows(me):
+    """(r,) int64: rows of ``me`` (the rows kept whole), or none for the default."""
+
+
+@overload(_whole_rows, jit_options={"cache": True})
+def _whole_rows_typed(me):
+    if isinstance(me, types.NoneType):
+        return lambda me: np.empty(0, np.int64)
+    return lambda me: me[3]
+
+
+@njit(inline="always", cache=True)
+def _whole_index(rows, p, whole, i, M):
+    """(q, p, whole) at row i, rows met in ascending order: q = p where row i is the next row
+    kept whole (rows[p] = whole), and then p and whole move on to the one after it; else
+    q = -1 and they stay."""
+    if i != whole:
+        return -1, p, whole
+    return p, p + 1, rows[p + 1] if p + 1 < rows.shape[0] else M
+
+
 def _cols(me):
     """None for the default, chan of ``me`` for the memory-efficient backward."""
 
@@ -977,20 +1034,51 @@ def _cols_typed(me):
 
 
 @njit(cache=True)
+def _backward_whole_row(xr, dy, dh, zp, scale, stats, centred, dx, dres, pg, pb, i, st, k, nx,
+                        ndy):
+    """Row i of the backward from y where the forward kept the row whole: xhat is its stored
+    row xr (D,) T on every channel, and the row runs the default's formulas on it: sweep 1
+    su = sum_j u_j, sut = sum_j u_j * xhat_j (mean(g * xhat) = sut / D), then sweep 2, or the
+    float64 path where SCALE != 1 or the T sums are not finite. Arrays as for :func:`_chunks`;
+    st[k] receives the row's values for sweep 2; nx, ndy: the next row of y and of dy (D,),
+    prefetched."""
+    D = xr.shape[0]
+    z = scale.dtype.type(0)
+    s = stats[i]
+    su, sut, _ = _sum_grad(xr, dy[i], scale, z, z, False)
+    st[k, 0] = z
+    st[k, 1] = z
+    st[k, 2] = _to(s[RSTD], z)
+    st[k, 3] = _to(su / D, z) if centred else z
+    st[k, 4] = _to(sut / D, z)
+    if s[SCALE] == 1.0 and np.isfinite(su) and np.isfinite(sut):
+        _write_dx(xr, dy[i], dh[i], zp, scale, st, k, (), dx[i], dres[i], pg, pb, nx, ndy)
+    else:
+        _backward_row_f64(_scaled_row(xr, 1.0), 0.0, 0.0, 1.0, dy[i], dh[i], scale, s, centred,
+                          dx[i], dres[i], pg, pb)
+
+
+@njit(cache=True)
 def _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx, dres, pg, pb, i, st,
-                  k):
+                  k, q):
     """Row i of the backward alone: dx[i] (and dres[i]), its terms added to pg, pb.
 
-    Arguments as for :func:`_row_sums`. Returns False when x[i] no longer matches the
+    Arguments as for :func:`_row_sums`; q: the row's index among the rows kept whole (its
+    stored xhat is xrows[q] of ``me``), or -1. Returns False when x[i] no longer matches the
     forward's checksum (nothing written then).
     """
     M = src.shape[0]
+    nxt = min(i + 1, M - 1)
+    if me is not None:
+        if q >= 0:
+            _backward_whole_row(me[4][q], dy, dh, zp, scale, stats, centred, dx, dres, pg, pb,
+                                i, st, k, src[nxt], dy[nxt])
+            return True
     fast, same = _row_sums(src, dy, scale, me, stats, check, centred, i, st, k, None)
     if not same:
         return False
     dhr = dh[i]  # (D,), or (0,) when there is no dh
     drr = dres[i]  # (D,), or (0,) without a separate dresidual
-    nxt = min(i + 1, M - 1)
     s = stats[i]
     if fast:
         _write_dx(src[i], dy[i], dhr, zp, scale, st, k, _cols(me), dx[i], drr, pg, pb,
@@ -1002,7 +1090,7 @@ def _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx, dres, p
         _backward_row_f64(_scaled_row(src[i], s[SCALE]), s[HI], s[LO], s[RSTD], dy[i], dhr,
                           scale, s, centred, dx[i], drr, pg, pb)
     else:
-        chan, keep, kept = me
+        chan, keep, kept, _, _ = me
         xs = _recovered_row(src[i], chan, keep, kept[i], scale.dtype.type(0))
         _backward_row_f64(xs, 0.0, 0.0, 1.0, dy[i], dhr, scale, s, centred, dx[i], drr, pg,
                           pb)
@@ -1021,6 +1109,7 @@ def _chunks(src, dy, dh, zp, scale, me, stats, check, flags, dx, dres, partial, 
     owner = np.empty((TILE, NSWEEP), scale.dtype)
     st = _unmanaged(owner)  # per row: the values sweep 2 reads
     cols = _cols(me)
+    rows = _whole_rows(me)  # (r,) ascending: the rows kept whole (none for the default)
     for c in range(c0, c1):
         pg = partial[c, 0]  # (D,) float64
         pb = partial[c, 1]  # (D,) float64
@@ -1028,20 +1117,12 @@ def _chunks(src, dy, dh, zp, scale, me, stats, check, flags, dx, dres, partial, 
         pb[:] = 0.0
         i = c * M // C
         end = (c + 1) * M // C
+        p = np.searchsorted(rows, i)  # the chunk's first row kept whole is rows[p] ...
+        whole = rows[p] if p < rows.shape[0] else M  # ... whole (M: none left)
         while tiles and i + TILE <= end:
-            fast = True
-            if me is None:
-                for k in range(TILE):
-                    row_fast, _ = _row_sums(src, dy, scale, me, stats, check, centred, i + k, st,
-                                            k, None)
-                    fast = fast and row_fast
-            else:
-                sums = _sum_grad_y_tile(src[i:i + TILE], dy[i:i + TILE], me[0],
-                                        me[1].shape[0] > 0, scale.dtype.type(0))
-                for k in range(TILE):
-                    row_fast, _ = _row_sums(src, dy, scale, me, stats, check, centred, i + k, st,
-                                            k, (sums[2 * k], sums[2 * k + 1]))
-                    fast = fast and row_fast
+            # a tile holding a row kept whole goes row by row
+            fast = i + TILE <= whole and _tile_sums(src, dy, scale, me, stats, check, centred,
+                                                    i, st)
             if fast:
                 _write_dx_tile(src[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], zp, scale, st,
                                cols, dx[i:i + TILE], dres[i:i + TILE], pg, pb)
@@ -1055,14 +1136,16 @@ def _chunks(src, dy, dh, zp, scale, me, stats, check, flags, dx, dres, partial, 
                         ok[i + k] = True
             else:
                 for k in range(TILE):
+                    q, p, whole = _whole_index(rows, p, whole, i + k, M)
                     same = _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx,
-                                         dres, pg, pb, i + k, st, k)
+                                         dres, pg, pb, i + k, st, k, q)
                     if verify:
                         ok[i + k] = same
             i += TILE
         for k in range(i, end):
+            q, p, whole = _whole_index(rows, p, whole, k, M)
             same = _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx, dres,
-                                 pg, pb, k, st, 0)
+                                 pg, pb, k, st, 0, q)
             if verify:
                 ok[k] = same
     _alive(owner)
@@ -1087,18 +1170,21 @@ def backward_chunks(x, dy, dh, zp, scale, stats, check, flags, dx, dres, partial
 
 
 @njit(cache=True)
-def backward_y_chunks(y, dy, dh, zp, scale, shift, keep, kept, stats, flags, dx, dres, partial,
-                      c0, c1):
+def backward_y_chunks(y, dy, dh, zp, scale, shift, keep, kept, rows, xrows, stats, flags, dx,
+                      dres, partial, c0, c1):
     """Chunks c0 <= c < c1 of the memory-efficient backward, which reads y instead of x.
 
     y: (M, D) storage (x's dtype); scale, shift: (D,) T; keep: (k,) int64, the channels whose
     xhat the forward kept (:func:`layernorm.recovery.kept_channels`), ascending; kept: (M, k)
-    T, their xhat; stats: the forward's; the rest as for :func:`backward_chunks`. xhat =
-    (y - shift) / scale on the other channels, in T; rstd = RSTD * SCALE (rows with SCALE != 1,
-    or whose T sums are not finite, take the float64 path, as in the default). The sweeps see
-    ``me`` = (chan, keep, kept), chan the per-channel rows named by :data:`CH_SCALE` and the
-    names beside it; sweep 2 computes xhat = 0 on the kept channels, whose dx and dgamma
-    terms are then written from ``kept`` (:func:`_write_kept`).
+    T, their xhat; rows: (r,) int64, the rows the forward kept whole
+    (:func:`layernorm.recovery.kept_rows`), ascending; xrows: (r, D) T, their xhat; stats: the
+    forward's; the rest as for :func:`backward_chunks`. xhat = (y - shift) / scale on the
+    other channels, in T; rstd = RSTD * SCALE (rows with SCALE != 1, or whose T sums are not
+    finite, take the float64 path, as in the default). The sweeps see ``me`` = (chan, keep,
+    kept, rows, xrows), chan the per-channel rows named by :data:`CH_SCALE` and the names
+    beside it; sweep 2 computes xhat = 0 on the kept channels, whose dx and dgamma terms are
+    then written from ``kept`` (:func:`_write_kept`); a row kept whole reads xrows instead of
+    y (:func:`_backward_whole_row`), in the same row order.
     """
     D = scale.shape[0]
     owner = np.empty((4, D), scale.dtype)
@@ -1111,8 +1197,8 @@ def backward_y_chunks(y, dy, dh, zp, scale, shift, keep, kept, stats, flags, dx,
         chan[CH_NUM, keep[q]] = 0.0
         chan[CH_DEN, keep[q]] = np.inf
         chan[CH_W, keep[q]] = 0.0
-    _chunks(y, dy, dh, zp, scale, (chan, keep, kept), stats, np.empty(0, np.uint64), flags,
-            dx, dres, partial, np.empty(0, np.bool_), c0, c1)
+    _chunks(y, dy, dh, zp, scale, (chan, keep, kept, rows, xrows), stats,
+            np.empty(0, np.uint64), flags, dx, dres, partial, np.empty(0, np.bool_), c0, c1)
     _alive(owner)
 
 
@@ -1155,14 +1241,16 @@ def backward_c(x_p, dy_p, dh_p, dx_p, dr_p, a_p, scale_p, stats_p, check_p, flag
         carray(ok_p, (mc,)), c0, c1)
 
 
-def backward_y_c(y_p, dy_p, dh_p, dx_p, dr_p, a_p, scale_p, shift_p, keep_p, kept_p, stats_p,
-                 flags, partial_p, m, d, dhc, drc, k, c, c0, c1):
+def backward_y_c(y_p, dy_p, dh_p, dx_p, dr_p, a_p, scale_p, shift_p, keep_p, kept_p, rows_p,
+                 xrows_p, stats_p, flags, partial_p, m, d, dhc, drc, k, r, c, c0, c1):
     zp = carray(a_p, (0,)).dtype.type(0)
     backward_y_chunks(
         carray(y_p, (m, d)), carray(dy_p, (m, d)), carray(dh_p, (m, dhc)), zp,
         carray(scale_p, (d,)), carray(shift_p, (d,)), carray(keep_p, (k,)),
-        carray(kept_p, (m, k)), carray(stats_p, (m, NSTATS)), flags, carray(dx_p, (m, d)),
-        carray(dr_p, (m, drc)), carray(partial_p, (c, 2, d)), c0, c1)
+        carray(kept_p, (m, k)), carray(rows_p, (r,)), carray(xrows_p, (r, d)),
+        carray(stats_p, (m, NSTATS)), flags, carray(dx_p, (m, d)), carray(dr_p, (m, drc)),
+        carray(partial_p, (c, 2, d)), c0, c1)
+
 
 def reduce_c(partial_p, out_p, c, d):
     reduce_chunks(carray(partial_p, (c, 2, d)), carray(out_p, (2, d)))

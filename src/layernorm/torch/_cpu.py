@@ -8,7 +8,8 @@ ops is an (M, 0) placeholder on the CPU.
 
 The memory-efficient backward (:func:`backward_y`) reads y instead of x: the forward is
 :func:`forward` as it is, then :func:`kept` forms the xhat of the channels that
-:func:`layernorm.recovery.kept_channels` says y cannot give back.
+:func:`layernorm.recovery.kept_channels` says y cannot give back, and of the rows
+:func:`layernorm.recovery.kept_rows` keeps whole.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from ..cpu import entry, kernels
 from ..cpu.kernels import HI, LO, NSTATS, RSTD, SCALE
-from ..recovery import kept_channels
+from ..recovery import kept_channels, kept_rows
 
 __all__ = ["backward", "backward_y", "compute_dtype", "forward", "kept"]
 
@@ -186,14 +187,20 @@ def _run(key: str, args: Callable[[Tensor, int], tuple], m: int, d: int, weight:
 
 
 
-def kept(xn: Tensor, weight: Tensor | None, bias: Tensor | None, stats: Tensor, centred: bool,
-         zero_centered_gamma: bool, y_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """keep (k,) int64, the channels whose xhat y (stored in ``y_dtype``) cannot give back
+def kept(xn: Tensor, weight: Tensor | None, bias: Tensor | None, stats: Tensor, eps: float,
+         centred: bool, zero_centered_gamma: bool, y_dtype: torch.dtype,
+         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(keep, kept, rows, xrows): what the forward keeps besides y for the backward from y.
+
+    keep (k,) int64, the channels whose xhat y (stored in ``y_dtype``) cannot give back
     (:func:`layernorm.recovery.kept_channels` of the kernel's scale and shift), and kept (M, k)
-    their xhat in the compute dtype T: ((x * SCALE - HI) - LO) * RSTD per row, formed in
-    float64 from the forward's ``stats`` (M, NSTATS) and rounded once, as the kernels define
-    xhat. xn is what the forward normalized: x, or h for an add-norm; bias is ignored
-    without ``centred`` (RMSNorm has no shift)."""
+    their xhat in the compute dtype T; rows (r,) int64, the rows kept whole
+    (:func:`layernorm.recovery.kept_rows` of rstd = RSTD * SCALE, ``eps``, the shift and keep:
+    var < eps where the shift is non-zero on a recovered channel), and xrows (r, D) their xhat
+    in T. Both xhat are ((x * SCALE - HI) - LO) * RSTD per row, formed in float64 from the
+    forward's ``stats`` (M, NSTATS) and rounded once, as the kernels define xhat. xn is what
+    the forward normalized: x, or h for an add-norm; bias is ignored without ``centred``
+    (RMSNorm has no shift)."""
     d = xn.shape[-1]
     m = xn.numel() // d
     for t, name, shape in ((xn, "xn", None), (weight, "weight", d), (bias, "bias", d),
@@ -202,37 +209,52 @@ def kept(xn: Tensor, weight: Tensor | None, bias: Tensor | None, stats: Tensor, 
     cdt = compute_dtype(xn.dtype)
     scale = _scale(weight, d, cdt, zero_centered_gamma)
     shift = _shift(bias if centred else None, d, cdt)
-    keep = torch.from_numpy(kept_channels(scale.numpy(), shift.numpy(), _NAMES[y_dtype], d))
+    keep = kept_channels(scale.numpy(), shift.numpy(), _NAMES[y_dtype], d)
     s = stats.detach().reshape(m, NSTATS)
-    xk = xn.detach().reshape(m, d)[:, keep].to(torch.float64)  # (M, k)
-    xhat = ((xk * s[:, SCALE:SCALE + 1] - s[:, HI:HI + 1]) - s[:, LO:LO + 1]) * s[:, RSTD:RSTD + 1]
-    return keep, xhat.to(cdt).contiguous()
+    rows = kept_rows((s[:, RSTD] * s[:, SCALE]).numpy(), eps, shift.numpy(), keep)
+    keep, rows = torch.from_numpy(keep), torch.from_numpy(rows)
+    xs = xn.detach().reshape(m, d)
+    return keep, _xhat(xs[:, keep], s, cdt), rows, _xhat(xs[rows], s[rows], cdt)
+
+
+def _xhat(xs: Tensor, s: Tensor, cdt: torch.dtype) -> Tensor:
+    """(n, c) xhat of xs (n, c), values of n rows of what was normalized, with their
+    statistics s (n, NSTATS): ((x * SCALE - HI) - LO) * RSTD in float64, rounded once to
+    ``cdt``; contiguous."""
+    x = xs.to(torch.float64)
+    xhat = ((x * s[:, SCALE:SCALE + 1] - s[:, HI:HI + 1]) - s[:, LO:LO + 1]) * s[:, RSTD:RSTD + 1]
+    return xhat.to(cdt).contiguous()
 
 
 def backward_y(dy: Tensor, dh: Tensor | None, y: Tensor, weight: Tensor | None,
-               bias: Tensor | None, stats: Tensor, keep: Tensor, kept: Tensor, centred: bool,
-               zero_centered_gamma: bool, x_dtype: torch.dtype | None,
-               residual_dtype: torch.dtype | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+               bias: Tensor | None, stats: Tensor, keep: Tensor, kept: Tensor, rows: Tensor,
+               xrows: Tensor, centred: bool, zero_centered_gamma: bool,
+               x_dtype: torch.dtype | None, residual_dtype: torch.dtype | None,
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The memory-efficient backward, from the forward's y instead of x: dx, dresidual (an
     empty (0,) without ``residual_dtype``), dweight, dbias (empty without them), as
     :func:`backward`.
 
-    y is the forward's output (x's dtype); keep (k,) int64 and kept (M, k) come from
-    :func:`kept`, whose dtype is the compute dtype T; stats is the forward's. dx comes back in
-    ``x_dtype`` (y's dtype when None) with dh added where given, and dresidual, the same sum,
-    in ``residual_dtype`` where that is given.
+    y is the forward's output (x's dtype); keep (k,) int64, kept (M, k), rows (r,) int64 and
+    xrows (r, D) come from :func:`kept`, whose dtype is the compute dtype T; stats is the
+    forward's. dx comes back in ``x_dtype`` (y's dtype when None) with dh added where given,
+    and dresidual, the same sum, in ``residual_dtype`` where that is given.
     """
     d = y.shape[-1]
     m = y.numel() // d
     k = keep.numel()
+    r = rows.numel()
     add = residual_dtype is not None
     for t, name, shape in ((y, "y", None), (dy, "dy", tuple(y.shape)), (dh, "dh", tuple(y.shape)),
                            (weight, "weight", d), (bias, "bias", d),
-                           (stats, "stats0", (m, NSTATS)), (kept, "kept", (m, k))):
+                           (stats, "stats0", (m, NSTATS)), (kept, "kept", (m, k)),
+                           (xrows, "xrows", (r, d))):
         _check(t, name, shape)
-    if keep.dtype != torch.int64 or keep.dim() != 1:
-        raise ValueError(f"layernorm: keep must be a 1-dimensional int64 tensor, got "
-                         f"{keep.dtype} of shape {tuple(keep.shape)}")
+    for t, name, top in ((keep, "keep", d), (rows, "rows", m)):
+        _check_index(t, name, top)
+    if xrows.dtype != kept.dtype:
+        raise ValueError(f"layernorm: xrows must be in kept's dtype {kept.dtype}, got "
+                         f"{xrows.dtype}")
     y = y.contiguous()
     stats = stats.contiguous()
     cdt = kept.dtype
@@ -240,10 +262,22 @@ def backward_y(dy: Tensor, dh: Tensor | None, y: Tensor, weight: Tensor | None,
     shift = _shift(bias if centred else None, d, cdt)
     keep = keep.contiguous()
     kept = kept.contiguous()
+    rows = rows.contiguous()
+    xrows = xrows.contiguous()
     dy, dh, dx, dres, names = _outputs(y, dy, dh, cdt, x_dtype, residual_dtype)
     flags = kernels.CENTRED if centred else 0
     dw, db = _run(entry.backward_y_key(*names), lambda partial, c: (
         _p(y), _p(dy), _p(dh), _p(dx), _p(dres), 0, _p(scale), _p(shift), _p(keep), _p(kept),
-        _p(stats), flags, _p(partial), m, d, 0 if dh is None else d, d if add else 0, k, c),
-        m, d, weight, bias, y)
+        _p(rows), _p(xrows), _p(stats), flags, _p(partial), m, d, 0 if dh is None else d,
+        d if add else 0, k, r, c), m, d, weight, bias, y)
     return dx, dres, dw, db
+
+
+def _check_index(t: Tensor, name: str, top: int) -> None:
+    """As the C++ operator checks keep and rows: (n,) int64, ascending, in [0, ``top``)."""
+    if t.dtype != torch.int64 or t.dim() != 1:
+        raise ValueError(f"layernorm: {name} must be a 1-dimensional int64 tensor, got "
+                         f"{t.dtype} of shape {tuple(t.shape)}")
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= top or
+                      bool((t[1:] <= t[:-1]).any())):
+        raise ValueError(f"layernorm: {name} must hold ascending indices in [0, {top})")

@@ -29,8 +29,11 @@ operations (:func:`composite_backward`), which autograd differentiates.
 Memory-efficient mode (``fwd_y``): autograd saves y (the output itself, so no copy), the
 parameters, the statistics and, for the k channels :func:`layernorm.recovery.kept_channels`
 names (where (y - shift) / scale would lose xhat), ``kept`` (M, k) = xhat of those channels in
-the compute dtype T, with ``keep`` (k,) int64 their indices. ``bwd_y`` recovers
-xhat_j = (y_j - shift_j) / scale_j on the other channels and runs the usual formulas. y
+the compute dtype T, with ``keep`` (k,) int64 their indices; and for the r rows
+:func:`layernorm.recovery.kept_rows` keeps whole (var < eps under a shift that is non-zero on a
+recovered channel: recovery would lose their relative accuracy), ``xrows`` (r, D) = their xhat
+in T, with ``rows`` (r,) int64 their indices. ``bwd_y`` recovers
+xhat_j = (y_j - shift_j) / scale_j on the other channels and rows and runs the usual formulas. y
 changed in place before the backward raises torch's version-counter error, as x does for
 ``fwd``. Its backward cannot itself be differentiated: the second derivative needs the
 dependence of rstd and of the kept xhat on x, which are not in the graph (x is not kept), so
@@ -53,7 +56,7 @@ from ..recovery import MARGIN
 from . import _cpu, _native
 
 __all__ = ["DOUBLE_BACKWARD", "NATIVE", "bwd", "bwd_y", "composite_backward", "fwd", "fwd_y",
-           "kept_channels", "norm", "triton_on_cpu"]
+           "kept_channels", "kept_rows", "norm", "triton_on_cpu"]
 
 _LIB = torch.library.Library("layernorm", "DEF")
 _LIB.define(
@@ -69,11 +72,12 @@ _LIB.define(
 _LIB.define(
     "fwd_y(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, bool centred, "
     "bool zero_centered_gamma, ScalarType? h_dtype) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _LIB.define(
     "bwd_y(Tensor dy, Tensor? dh, Tensor y, Tensor? weight, Tensor? bias, Tensor stats0, "
-    "Tensor stats1, Tensor keep, Tensor kept, bool centred, bool zero_centered_gamma, "
-    "ScalarType? x_dtype, ScalarType? residual_dtype) -> (Tensor, Tensor, Tensor, Tensor)")
+    "Tensor stats1, Tensor keep, Tensor kept, Tensor rows, Tensor xrows, bool centred, "
+    "bool zero_centered_gamma, ScalarType? x_dtype, ScalarType? residual_dtype) "
+    "-> (Tensor, Tensor, Tensor, Tensor)")
 
 fwd = torch.ops.layernorm.fwd.default
 """y (M, D) in x's dtype; h (M, D) in ``h_dtype`` for an add-norm, else an empty (0,); and the
@@ -92,10 +96,14 @@ its own mean and rstd, not those of the rescaled row: the backward from y could 
 scaling), then ``keep`` (k,) int64, the channels
 whose xhat cannot be recovered from y (:func:`layernorm.recovery.kept_channels` of the scale
 and shift in the compute dtype T, y's dtype and D), and ``kept`` (M, k) in T, xhat of those
-channels. k depends on the parameters' values: a dynamic size to torch.compile."""
+channels; then ``rows`` (r,) int64, the rows kept whole (:func:`layernorm.recovery.kept_rows`
+of each row's rstd, eps, the shift in T and keep), and ``xrows`` (r, D) in T, xhat of those
+rows. k depends on the parameters' values and r on the data: dynamic sizes to
+torch.compile."""
 bwd_y = torch.ops.layernorm.bwd_y.default
 """dx, dresidual, dweight and dbias as :data:`bwd`, from y (in x's dtype), the statistics,
-``keep`` and ``kept`` of :data:`fwd_y`; T is ``kept``'s dtype. ``x_dtype`` None means y's."""
+``keep``, ``kept``, ``rows`` and ``xrows`` of :data:`fwd_y`; T is ``kept``'s dtype.
+``x_dtype`` None means y's."""
 
 DOUBLE_BACKWARD = (
     "layernorm: the backward of a memory_efficient=True norm cannot be differentiated "
@@ -177,49 +185,81 @@ def _pow2_scale(a: Tensor) -> Tensor:
     return ((253 - e) << 23).view(torch.float32)
 
 
+def kept_rows(rstd: Tensor, eps: float, bias: Tensor | None, keep: Tensor,
+              compute: torch.dtype) -> Tensor:
+    """(r,) int64, ascending, on rstd's device: :func:`layernorm.recovery.kept_rows` from torch
+    operations, of each row's true rstd (M,), ``eps``, the shift (bias in ``compute``; none
+    without it) and the kept channels ``keep``: the rows with rstd**2 * eps > 1/2 in float64,
+    where the shift is non-zero on a channel not in ``keep``; none otherwise."""
+    none = torch.empty(0, dtype=torch.int64, device=rstd.device)
+    if bias is None:
+        return none
+    live = bias.detach().to(compute).to(torch.float64)  # a new tensor
+    live[keep] = 0.0
+    if not bool((live != 0).any()):
+        return none
+    r = rstd.to(torch.float64)
+    return torch.nonzero(r * r * eps > 0.5).view(-1)
+
+
+def _xhat64(v: Tensor, mean: Tensor, rstd: Tensor, s: Tensor | None,
+            cdt: torch.dtype) -> Tensor:
+    """(n, c) xhat of v (n, c) float64, values of n rows with their mean and rstd (n,) in T
+    (s (n,): the forward's rescaling of each row, or None): (v - mean)·rstd in float64
+    (on v·s where a row was rescaled, as the forward computed its statistics), 0 where v
+    equals the mean (a constant row, as the kernels have it), rounded once to ``cdt``."""
+    f64 = torch.float64
+    if s is None:
+        xc = v - mean.to(f64)[:, None]
+        xhat = xc * rstd.to(f64)[:, None]
+    else:
+        s64 = s.to(f64)[:, None]
+        xc = v * s64 - (mean.to(f64)[:, None] * s64)
+        xhat = xc * (rstd.to(f64)[:, None] / s64)
+    return torch.where(xc == 0, 0.0, xhat).to(cdt)
+
+
 def _recovery_triton(xn: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
-                     rstd: Tensor, zero_centered_gamma: bool, y_dtype: torch.dtype,
-                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(mean, rstd, keep, kept) for the backward from y, from the Triton forward's statistics.
+                     rstd: Tensor, eps: float, zero_centered_gamma: bool, y_dtype: torch.dtype,
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(mean, rstd, keep, kept, rows, xrows) for the backward from y, from the Triton
+    forward's statistics.
 
     On a row the forward rescaled (rstd < 0: the statistics of xn·s, s from max|xn|) the
     statistics become the row's own, mean(xn·s)/s and s·|rstd| = 1/sqrt(var + eps): y does not
     give s, so the backward could not. keep (k,) and kept (M, k) in T (the statistics' dtype):
     xhat = (xn - mean)·rstd of the kept channels, in float64 rounded to T, 0 where xn equals
-    the mean (a constant row, as the kernels have it).
+    the mean (a constant row, as the kernels have it); rows (r,) (:func:`kept_rows` of the
+    true rstd) and xrows (r, D), the xhat of those rows, formed in the same way.
     """
     d = xn.shape[-1]
-    rows = xn.reshape(-1, d)
+    xs = xn.reshape(-1, d)
     cdt = mean.dtype
     scaled = rstd < 0
     s = None
     if bool(scaled.any()):
-        s = torch.where(scaled, _pow2_scale(rows.abs().amax(-1).to(cdt)), 1.0).to(cdt)
+        s = torch.where(scaled, _pow2_scale(xs.abs().amax(-1).to(cdt)), 1.0).to(cdt)
         mean, rstd = mean / s, rstd.abs() * s  # exact: s is a power of two
     keep = kept_channels(weight, bias, zero_centered_gamma, cdt, y_dtype, d, xn.device)
-    if keep.numel() == 0:
-        return mean, rstd, keep, rows.new_empty((rows.shape[0], 0), dtype=cdt)
-    v = rows[:, keep].to(torch.float64)  # (M, k)
+    rows = kept_rows(rstd, eps, bias, keep, cdt)
     f64 = torch.float64
-    if s is None:
-        xc = v - mean.to(f64)[:, None]
-        xhat = xc * rstd.to(f64)[:, None]
-    else:  # on xn·s, as the forward computed the row's statistics
-        s64 = s.to(f64)[:, None]
-        xc = v * s64 - (mean.to(f64)[:, None] * s64)
-        xhat = xc * (rstd.to(f64)[:, None] / s64)
-    return mean, rstd, keep, torch.where(xc == 0, 0.0, xhat).to(cdt)
+    kept = (_xhat64(xs[:, keep].to(f64), mean, rstd, s, cdt) if keep.numel()
+            else xs.new_empty((xs.shape[0], 0), dtype=cdt))
+    xrows = (_xhat64(xs[rows].to(f64), mean[rows], rstd[rows], None if s is None else s[rows],
+                     cdt) if rows.numel() else xs.new_empty((0, d), dtype=cdt))
+    return mean, rstd, keep, kept, rows, xrows
 
 
 def _fwd_y_triton(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
     y, h, mean, rstd = _fwd_triton(x, residual, weight, bias, eps, centred,
                                    zero_centered_gamma, h_dtype)
-    mean, rstd, keep, kept = _recovery_triton(x if residual is None else h, weight, bias, mean,
-                                              rstd, zero_centered_gamma, x.dtype)
-    return y, h, mean, rstd, keep, kept
+    mean, rstd, keep, kept, rows, xrows = _recovery_triton(
+        x if residual is None else h, weight, bias, mean, rstd, eps, zero_centered_gamma,
+        x.dtype)
+    return y, h, mean, rstd, keep, kept, rows, xrows
 
 
-def _bwd_y_triton(dy, dh, y, weight, bias, stats0, stats1, keep, kept, centred,
+def _bwd_y_triton(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xrows, centred,
                   zero_centered_gamma, x_dtype, residual_dtype):
     from ..gpu import kernels
 
@@ -230,9 +270,9 @@ def _bwd_y_triton(dy, dh, y, weight, bias, stats0, stats1, keep, kept, centred,
     # as _bwd_triton: dh without residual_dtype runs as an add-norm whose dresidual is dropped
     with_dres = dh is None or residual_dtype is not None
     dx, dres, dw, db = kernels.backward_from_y(
-        _rows(dy), _rows(dh), _rows(y), weight, bias, stats1, keep, kept, centred=centred,
-        zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
-        residual_dtype=residual_dtype if with_dres else x_dtype or y.dtype)
+        _rows(dy), _rows(dh), _rows(y), weight, bias, stats1, keep, kept, rows=rows,
+        xhat_rows=xrows, centred=centred, zero_centered_gamma=zero_centered_gamma,
+        x_dtype=x_dtype, residual_dtype=residual_dtype if with_dres else x_dtype or y.dtype)
     dx = dx.view(y.shape)
     dres = None if dres is None or not with_dres else dres.view(y.shape)
     return tuple(y.new_empty((0,)) if t is None else t for t in (dx, dres, dw, db))
@@ -267,14 +307,14 @@ def _bwd_cpu(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_ga
 def _fwd_y_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
     y, h, stats, s1 = _fwd_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma,
                                h_dtype)
-    keep, kept = _cpu.kept(x if residual is None else h, weight, bias, stats, centred,
-                           zero_centered_gamma, y.dtype)
-    return y, h, stats, s1, keep, kept
+    keep, kept, rows, xrows = _cpu.kept(x if residual is None else h, weight, bias, stats, eps,
+                                        centred, zero_centered_gamma, y.dtype)
+    return y, h, stats, s1, keep, kept, rows, xrows
 
 
-def _bwd_y_cpu(dy, dh, y, weight, bias, stats0, stats1, keep, kept, centred,
+def _bwd_y_cpu(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xrows, centred,
                zero_centered_gamma, x_dtype, residual_dtype):
-    return _cpu.backward_y(dy, dh, y, weight, bias, stats0, keep, kept, centred,
+    return _cpu.backward_y(dy, dh, y, weight, bias, stats0, keep, kept, rows, xrows, centred,
                            zero_centered_gamma, x_dtype, residual_dtype)
 
 
@@ -357,15 +397,19 @@ def _bwd_fake(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_g
 @torch.library.register_fake("layernorm::fwd_y")
 def _fwd_y_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
     s0, s1 = _stats_fake(x, residual, h_dtype)
-    k = torch.library.get_ctx().new_dynamic_size()  # how many channels the values keep
+    ctx = torch.library.get_ctx()
+    k = ctx.new_dynamic_size()  # how many channels the parameters' values keep
+    r = ctx.new_dynamic_size()  # how many rows the data keeps whole
     cdt = _cpu.compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
-    m = x.numel() // x.shape[-1]
+    d = x.shape[-1]
+    m = x.numel() // d
     return (*_outputs_fake(x, residual, h_dtype), s0, s1,
-            x.new_empty((k,), dtype=torch.int64), x.new_empty((m, k), dtype=cdt))
+            x.new_empty((k,), dtype=torch.int64), x.new_empty((m, k), dtype=cdt),
+            x.new_empty((r,), dtype=torch.int64), x.new_empty((r, d), dtype=cdt))
 
 
 @torch.library.register_fake("layernorm::bwd_y")
-def _bwd_y_fake(dy, dh, y, weight, bias, stats0, stats1, keep, kept, centred,
+def _bwd_y_fake(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xrows, centred,
                 zero_centered_gamma, x_dtype, residual_dtype):
     return _bwd_fake(dy, dh, y, weight, bias, stats0, stats1, centred, zero_centered_gamma,
                      x_dtype, residual_dtype)
@@ -445,17 +489,17 @@ torch.library.register_autograd("layernorm::fwd", _backward, setup_context=_setu
 
 def _setup_context_y(ctx: Any, inputs: tuple, output: tuple) -> None:
     x, residual, weight, bias, _eps, centred, zero_centered_gamma, _h_dtype = inputs
-    y, _h, s0, s1, keep, kept = output
+    y, _h, s0, s1, keep, kept, rows, xrows = output
     # y is an output: saved as itself (no copy), and its version counter is watched
-    ctx.save_for_backward(y, weight, bias, s0, s1, keep, kept)
+    ctx.save_for_backward(y, weight, bias, s0, s1, keep, kept, rows, xrows)
     ctx.flags = (centred, zero_centered_gamma, x.dtype,
                  None if residual is None else residual.dtype)
-    ctx.mark_non_differentiable(s0, s1, keep, kept)
+    ctx.mark_non_differentiable(s0, s1, keep, kept, rows, xrows)
     ctx.set_materialize_grads(False)
 
 
 def _backward_y(ctx: Any, dy: Tensor | None, dh: Tensor | None, *_stats: Any) -> tuple:
-    y, weight, bias, s0, s1, keep, kept = ctx.saved_tensors
+    y, weight, bias, s0, s1, keep, kept, rows, xrows = ctx.saved_tensors
     centred, zcg, x_dtype, residual_dtype = ctx.flags
     if residual_dtype is None:
         dh = None
@@ -466,8 +510,8 @@ def _backward_y(ctx: Any, dy: Tensor | None, dh: Tensor | None, *_stats: Any) ->
     shared = residual_dtype == x_dtype and y.device.type == "cpu"  # as in _backward
     if dy is None:
         dy = torch.zeros_like(y)
-    dx, dres, dw, db = bwd_y(dy, dh, y, weight, bias, s0, s1, keep, kept, centred, zcg,
-                             x_dtype, None if shared else residual_dtype)
+    dx, dres, dw, db = bwd_y(dy, dh, y, weight, bias, s0, s1, keep, kept, rows, xrows, centred,
+                             zcg, x_dtype, None if shared else residual_dtype)
     if shared:
         dres = dx
     return (dx, None if residual_dtype is None else dres, None if weight is None else dw,

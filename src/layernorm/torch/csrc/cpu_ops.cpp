@@ -49,12 +49,14 @@ using BackwardFn = void (*)(const void* x, const void* dy, const void* dh, void*
                             int64_t m, int64_t d, int64_t dhc, int64_t drc, int64_t mc,
                             int64_t c, int64_t c0, int64_t c1);
 // The memory-efficient backward: xhat recovered from y as (y - shift) / scale, except on the
-// k channels `keep` names, read from `kept` (m, k); scale and shift (d,) in T.
+// k channels `keep` names, read from `kept` (m, k), and on the r rows `rows` names, read whole
+// from `xrows` (r, d); scale and shift (d,) in T.
 using BackwardYFn = void (*)(const void* y, const void* dy, const void* dh, void* dx, void* dr,
                              const void* a, const void* scale, const void* shift,
-                             const int64_t* keep, const void* kept, const double* stats,
-                             int64_t flags, double* partial, int64_t m, int64_t d, int64_t dhc,
-                             int64_t drc, int64_t k, int64_t c, int64_t c0, int64_t c1);
+                             const int64_t* keep, const void* kept, const int64_t* rows,
+                             const void* xrows, const double* stats, int64_t flags,
+                             double* partial, int64_t m, int64_t d, int64_t dhc, int64_t drc,
+                             int64_t k, int64_t r, int64_t c, int64_t c0, int64_t c1);
 using ReduceFn = void (*)(const double* partial, double* out, int64_t c, int64_t d);
 using ResolveFn = int64_t (*)(const char* request);
 
@@ -411,14 +413,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
 }
 
 // --- the memory-efficient pair -----------------------------------------------------------
-// fwd_y: the forward, then keep and kept. keep (k,) int64 is layernorm.recovery's rule on the
-// scale and shift as the kernel formed them in T (weight, or 1 + weight, ones without it; bias,
-// zeros without it), compared in float64 against y's dtype's smallest normal (tiny) and
-// largest numbers:
+// fwd_y: the forward, then keep, kept, rows and xrows. keep (k,) int64 is layernorm.recovery's
+// rule on the scale and shift as the kernel formed them in T (weight, or 1 + weight, ones
+// without it; bias, zeros without it), compared in float64 against y's dtype's smallest normal
+// (tiny) and largest numbers:
 //   recovered  <=>  MARGIN |scale_j| >= |shift_j| + tiny  and  |scale_j| sqrt(D) + |shift_j| <=
 //                   largest / 2
 // and kept (M, k) is xhat of the other channels from the statistics, in float64 rounded to T:
-// ((x SCALE - HI) - LO) RSTD.
+// ((x SCALE - HI) - LO) RSTD. rows (r,) int64 are the rows kept whole: where the shift is
+// non-zero on a recovered channel, those with rstd^2 eps > 1/2 in double (var < eps), rstd =
+// RSTD SCALE; xrows (r, D) their xhat, formed as kept is.
 
 std::pair<double, double> limits(ScalarType t) {
   switch (t) {
@@ -436,9 +440,11 @@ std::pair<double, double> limits(ScalarType t) {
   }
 }
 
-// (D,) the channels whose xhat the forward keeps, ascending.
-Tensor keep_of(const OptTensor& weight, const OptTensor& bias, bool zero_centered_gamma,
-               ScalarType cdt, ScalarType ydt, int64_t d, const at::TensorOptions& options) {
+// keep (k,): the channels whose xhat the forward keeps, ascending; and whether the shift is
+// non-zero on a channel not kept (only then are rows kept whole).
+std::pair<Tensor, bool> keep_of(const OptTensor& weight, const OptTensor& bias,
+                                bool zero_centered_gamma, ScalarType cdt, ScalarType ydt,
+                                int64_t d, const at::TensorOptions& options) {
   const auto [tiny, largest] = limits(ydt);
   const double root = std::sqrt(static_cast<double>(d));
   const double margin = g_config.margin;
@@ -446,6 +452,7 @@ Tensor keep_of(const OptTensor& weight, const OptTensor& bias, bool zero_centere
     return margin * s >= b + tiny && s * root + b <= largest / 2;  // NaN: false, kept
   };
   std::vector<int64_t> keep;
+  bool shifted = false;
   if (!weight.has_value() && !bias.has_value()) {  // scale 1, shift 0: all or none
     if (!recovered(1.0, 0.0)) {
       keep.resize(d);
@@ -463,7 +470,11 @@ Tensor keep_of(const OptTensor& weight, const OptTensor& bias, bool zero_centere
       for (int64_t j = 0; j < d; ++j) {
         const double sj = sp ? std::abs(static_cast<double>(sp[j])) : 1.0;
         const double bj = bp ? std::abs(static_cast<double>(bp[j])) : 0.0;
-        if (!recovered(sj, bj)) keep.push_back(j);
+        if (!recovered(sj, bj)) {
+          keep.push_back(j);
+        } else if (bj != 0.0) {
+          shifted = true;
+        }
       }
     };
     if (cdt == ScalarType::Double) {
@@ -474,32 +485,55 @@ Tensor keep_of(const OptTensor& weight, const OptTensor& bias, bool zero_centere
   }
   Tensor out = at::empty({static_cast<int64_t>(keep.size())}, options.dtype(at::kLong));
   if (!keep.empty()) std::copy(keep.begin(), keep.end(), out.mutable_data_ptr<int64_t>());
+  return {out, shifted};
+}
+
+// rows (r,) int64, ascending: the rows of the statistics (M, NSTATS) with rstd^2 eps > 1/2,
+// rstd = RSTD SCALE, in double (layernorm.recovery.kept_rows; the caller checks the shift).
+Tensor rows_of(const Tensor& stats, double eps, const at::TensorOptions& options) {
+  const int64_t m = stats.size(0), ns = g_config.nstats;
+  const double* st = stats.const_data_ptr<double>();
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < m; ++i) {
+    const double r = st[i * ns + g_config.rstd] * st[i * ns + g_config.scale];
+    if (r * r * eps > 0.5) rows.push_back(i);
+  }
+  Tensor out = at::empty({static_cast<int64_t>(rows.size())}, options.dtype(at::kLong));
+  if (!rows.empty()) std::copy(rows.begin(), rows.end(), out.mutable_data_ptr<int64_t>());
   return out;
 }
 
-// kept (M, k) in cdt: xhat of the channels `keep` of the rows xn (M, D), from the statistics,
-// in float64 rounded once to cdt.
-Tensor kept_of(const Tensor& xn, const Tensor& stats, const Tensor& keep, ScalarType cdt) {
-  const int64_t d = xn.size(-1), m = xn.numel() / d, k = keep.numel();
-  Tensor out = at::empty({m, k}, xn.options().dtype(cdt));
-  if (k == 0 || m == 0) return out;
+// (n, c) in cdt: xhat of the rows `rows` (n of them, or every row where null) and the channels
+// `cols` (c of them, or every channel where null) of xn (M, D), from the statistics, in float64
+// rounded once to cdt. kept is (M, k) of the channels keep, xrows (r, D) of the rows kept whole.
+Tensor xhat_of(const Tensor& xn, const Tensor& stats, const int64_t* rows, int64_t n,
+               const int64_t* cols, int64_t c, ScalarType cdt) {
+  const int64_t d = xn.size(-1);
+  Tensor out = at::empty({n, c}, xn.options().dtype(cdt));
+  if (n == 0 || c == 0) return out;
   const Tensor xc = xn.contiguous();
-  const int64_t* kp = keep.const_data_ptr<int64_t>();
   const double* st = stats.const_data_ptr<double>();
   const int64_t ns = g_config.nstats;
   const int64_t chi = g_config.hi, clo = g_config.lo, cr = g_config.rstd, cs = g_config.scale;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "kept", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "xhat", [&] {
     const scalar_t* xp = xc.const_data_ptr<scalar_t>();
     auto fill = [&](auto* op) {
       using T = std::remove_pointer_t<decltype(op)>;
-      at::parallel_for(0, m, grain(k), [&](int64_t i0, int64_t i1) {
+      at::parallel_for(0, n, grain(c), [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
-          const double* s = st + i * ns;
+          const int64_t row_i = rows ? rows[i] : i;
+          const double* s = st + row_i * ns;
           const double sc = s[cs], hi = s[chi], lo = s[clo], r = s[cr];
-          const scalar_t* row = xp + i * d;
-          T* o = op + i * k;
-          for (int64_t j = 0; j < k; ++j) {
-            o[j] = static_cast<T>(((static_cast<double>(row[kp[j]]) * sc - hi) - lo) * r);
+          const scalar_t* row = xp + row_i * d;
+          T* o = op + i * c;
+          if (cols) {
+            for (int64_t j = 0; j < c; ++j) {
+              o[j] = static_cast<T>(((static_cast<double>(row[cols[j]]) * sc - hi) - lo) * r);
+            }
+          } else {
+            for (int64_t j = 0; j < c; ++j) {
+              o[j] = static_cast<T>(((static_cast<double>(row[j]) * sc - hi) - lo) * r);
+            }
           }
         }
       });
@@ -513,25 +547,45 @@ Tensor kept_of(const Tensor& xn, const Tensor& stats, const Tensor& keep, Scalar
   return out;
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> fwd_y_cpu(
-    const Tensor& x, const OptTensor& residual, const OptTensor& weight,
-    const OptTensor& bias, double eps, bool centred, bool zero_centered_gamma,
-    std::optional<ScalarType> h_dtype) {
+// The indices t (n,) int64 must be ascending and in [0, top): the kernel indexes rows or
+// channels by them, and meets rows in order.
+void check_ascending(const Tensor& t, int64_t top, const char* name, const char* what) {
+  const int64_t* p = t.const_data_ptr<int64_t>();
+  for (int64_t j = 0; j < t.numel(); ++j) {
+    TORCH_CHECK_VALUE(p[j] >= 0 && p[j] < top && (j == 0 || p[j] > p[j - 1]), "layernorm: ",
+                      name, " must hold ascending ", what, " in [0, ", top, "), got ", p[j],
+                      " at ", j);
+  }
+}
+
+using Tensors8 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+Tensors8 fwd_y_cpu(const Tensor& x, const OptTensor& residual, const OptTensor& weight,
+                   const OptTensor& bias, double eps, bool centred, bool zero_centered_gamma,
+                   std::optional<ScalarType> h_dtype) {
   auto [y, h, stats] = forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
                                h_dtype, true);
   const bool add = residual.has_value();
   const ScalarType cdt = compute(add ? h_dtype.value_or(x.scalar_type()) : x.scalar_type());
-  const int64_t d = x.size(-1);
-  Tensor keep = keep_of(weight, bias, zero_centered_gamma, cdt, x.scalar_type(), d, x.options());
-  Tensor kept = kept_of(add ? h : x, stats, keep, cdt);
-  return {y, h, stats, at::empty({stats.size(0), 0}, x.options().dtype(at::kLong)), keep, kept};
+  const int64_t d = x.size(-1), m = stats.size(0);
+  auto [keep, shifted] =
+      keep_of(weight, bias, zero_centered_gamma, cdt, x.scalar_type(), d, x.options());
+  const Tensor& xn = add ? h : x;
+  Tensor kept = xhat_of(xn, stats, nullptr, m, keep.const_data_ptr<int64_t>(), keep.numel(),
+                        cdt);
+  Tensor rows = shifted ? rows_of(stats, eps, x.options())
+                        : at::empty({0}, x.options().dtype(at::kLong));
+  Tensor xrows = xhat_of(xn, stats, rows.const_data_ptr<int64_t>(), rows.numel(), nullptr, d,
+                         cdt);
+  return {y, h, stats, at::empty({m, 0}, x.options().dtype(at::kLong)), keep, kept, rows, xrows};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
     const Tensor& dy, const OptTensor& dh, const Tensor& y, const OptTensor& weight,
     const OptTensor& bias, const Tensor& stats0, const Tensor& stats1, const Tensor& keep,
-    const Tensor& kept, bool centred, bool zero_centered_gamma,
-    std::optional<ScalarType> x_dtype, std::optional<ScalarType> residual_dtype) {
+    const Tensor& kept, const Tensor& rows, const Tensor& xrows, bool centred,
+    bool zero_centered_gamma, std::optional<ScalarType> x_dtype,
+    std::optional<ScalarType> residual_dtype) {
   TORCH_CHECK(y.dim() >= 1 && y.size(-1) >= 1, "layernorm: y must be (..., D) with D >= 1, got ",
               y.sizes());
   const int64_t d = y.size(-1), m = y.numel() / d;
@@ -558,20 +612,28 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
                         (cdt == ScalarType::Float || cdt == ScalarType::Double),
                     "layernorm: kept must be the forward's (M, k) = (", m, ", ", k,
                     ") float32 or float64 xhat, got ", kept.sizes(), " ", cdt);
+  check_cpu(rows, "rows");
+  check_cpu(xrows, "xrows");
+  TORCH_CHECK_VALUE(rows.dim() == 1 && rows.scalar_type() == ScalarType::Long,
+                    "layernorm: rows must be the forward's (r,) int64 rows, got ", rows.sizes(),
+                    " ", rows.scalar_type());
+  const int64_t r = rows.size(0);
+  TORCH_CHECK_VALUE(xrows.dim() == 2 && xrows.size(0) == r && xrows.size(1) == d &&
+                        xrows.scalar_type() == cdt,
+                    "layernorm: xrows must be the forward's (r, D) = (", r, ", ", d, ") ", cdt,
+                    " xhat (kept's dtype), got ", xrows.sizes(), " ", xrows.scalar_type());
+  // the kernel indexes the rows of y by these: none may fall outside them
   const Tensor keepc = keep.contiguous();
-  {  // the kernel indexes rows of y by these: none may fall outside them
-    const int64_t* kp = keepc.const_data_ptr<int64_t>();
-    for (int64_t j = 0; j < k; ++j) {
-      TORCH_CHECK_VALUE(kp[j] >= 0 && kp[j] < d, "layernorm: keep must hold channels in [0, ",
-                        d, "), got ", kp[j]);
-    }
-  }
+  check_ascending(keepc, d, "keep", "channels");
+  const Tensor rowsc = rows.contiguous();
+  check_ascending(rowsc, m, "rows", "rows");
   const ScalarType ydt = y.scalar_type();
   const ScalarType dxdt = x_dtype.value_or(ydt);
   const bool add = residual_dtype.has_value();
   const Tensor yc = y.contiguous();
   const Tensor stats = stats0.contiguous();
   const Tensor keptc = kept.contiguous();
+  const Tensor xrowsc = xrows.contiguous();
   const Tensor scale = scale_of(weight, d, cdt, zero_centered_gamma);
   // the kernel reads the shift in T, as the scale (a half bias is widened here)
   const Tensor shift = bias.has_value() ? bias->to(cdt).contiguous()
@@ -601,13 +663,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
     const void* bp = shift.const_data_ptr();
     const int64_t* kp = k > 0 ? keepc.const_data_ptr<int64_t>() : nullptr;
     const void* kdp = k > 0 ? keptc.const_data_ptr() : nullptr;
+    const int64_t* rp = r > 0 ? rowsc.const_data_ptr<int64_t>() : nullptr;
+    const void* xrp = r > 0 ? xrowsc.const_data_ptr() : nullptr;
     const double* stp = stats.const_data_ptr<double>();
     double* pp = partial.mutable_data_ptr<double>();
     const int64_t flags = centred ? g_config.centred : 0;
     const int64_t chunk_grain = m * d < g_config.serial_elements ? c : 1;
     at::parallel_for(0, c, chunk_grain, [&](int64_t c0, int64_t c1) {
-      fn(yp, dyp, dhp, dxp, drp, nullptr, sp, bp, kp, kdp, stp, flags, pp, m, d,
-         with_dh ? d : 0, add ? d : 0, k, c, c0, c1);
+      fn(yp, dyp, dhp, dxp, drp, nullptr, sp, bp, kp, kdp, rp, xrp, stp, flags, pp, m, d,
+         with_dh ? d : 0, add ? d : 0, k, r, c, c0, c1);
     });
     reduce(pp, sums.mutable_data_ptr<double>(), c, d);
   }
@@ -730,14 +794,14 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
 
 // The memory-efficient forward's autograd, as _setup_context_y and _backward_y in _ops.py: it
 // saves y (the output itself, watched by its version counter), the parameters, the statistics,
-// keep and kept, never x or h; its backward is layernorm::bwd_y, and cannot be differentiated.
-using FwdYSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
-    const Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, double, bool, bool,
-    std::optional<ScalarType>);
+// keep, kept, rows and xrows, never x or h; its backward is layernorm::bwd_y, and cannot be
+// differentiated.
+using FwdYSig = Tensors8(const Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
+                         double, bool, bool, std::optional<ScalarType>);
 using BwdYSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
     const Tensor&, const OptTensor&, const Tensor&, const OptTensor&, const OptTensor&,
-    const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, bool,
-    std::optional<ScalarType>, std::optional<ScalarType>);
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+    bool, bool, std::optional<ScalarType>, std::optional<ScalarType>);
 
 struct NormYFunction : public torch::autograd::Function<NormYFunction> {
   static variable_list forward(AutogradContext* ctx, const Tensor& x, const OptTensor& residual,
@@ -747,22 +811,22 @@ struct NormYFunction : public torch::autograd::Function<NormYFunction> {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("layernorm::fwd_y", "")
                          .typed<FwdYSig>();
-    Tensor y, h, s0, s1, keep, kept;
+    Tensor y, h, s0, s1, keep, kept, rows, xrows;
     {
       at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(y, h, s0, s1, keep, kept) =
+      std::tie(y, h, s0, s1, keep, kept, rows, xrows) =
           op.call(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype);
     }
     const bool add = residual.has_value();
     ctx->save_for_backward({y, weight.value_or(Tensor()), bias.value_or(Tensor()), s0, s1, keep,
-                            kept});
+                            kept, rows, xrows});
     ctx->saved_data["centred"] = centred;
     ctx->saved_data["zcg"] = zero_centered_gamma;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["r_dtype"] = add ? static_cast<int64_t>(residual->scalar_type()) : -1;
-    ctx->mark_non_differentiable({s0, s1, keep, kept});
+    ctx->mark_non_differentiable({s0, s1, keep, kept, rows, xrows});
     ctx->set_materialize_grads(false);
-    return {y, h, s0, s1, keep, kept};
+    return {y, h, s0, s1, keep, kept, rows, xrows};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -792,7 +856,8 @@ struct NormYFunction : public torch::autograd::Function<NormYFunction> {
     Tensor dx, dres, dw, db;
     std::tie(dx, dres, dw, db) =
         op.call(dy, given(dh), y, given(weight), given(bias), saved[3], saved[4], saved[5],
-                saved[6], centred, zcg, x_dtype, shared ? std::nullopt : r_dtype);
+                saved[6], saved[7], saved[8], centred, zcg, x_dtype,
+                shared ? std::nullopt : r_dtype);
     if (shared) dres = dx;
     out[0] = dx;
     if (r_dtype.has_value()) out[1] = dres;
@@ -802,13 +867,12 @@ struct NormYFunction : public torch::autograd::Function<NormYFunction> {
   }
 };
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> fwd_y_autograd(
-    const Tensor& x, const OptTensor& residual, const OptTensor& weight,
-    const OptTensor& bias, double eps, bool centred, bool zero_centered_gamma,
-    std::optional<ScalarType> h_dtype) {
+Tensors8 fwd_y_autograd(const Tensor& x, const OptTensor& residual, const OptTensor& weight,
+                        const OptTensor& bias, double eps, bool centred,
+                        bool zero_centered_gamma, std::optional<ScalarType> h_dtype) {
   auto out = NormYFunction::apply(x, residual, weight, bias, eps, centred, zero_centered_gamma,
                                   h_dtype);
-  return {out[0], out[1], out[2], out[3], out[4], out[5]};
+  return {out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_autograd(
