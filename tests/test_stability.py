@@ -72,7 +72,7 @@ def test_report_section_embeds_plot_and_tables(tmp_path, same_peers):
     assert "(stability.png)" in md and "![Error of each variance algorithm" in md
     assert "| case | dtype | naive |" in md and "All targets met" in md
     assert "| zero variance, \\|x\\| < 5 (absolute error) |" in md  # cell pipes escaped
-    assert md.count("<details>") == 4 and md.count("</details>") == 4  # 2, 3, 4 and 6 folded
+    assert md.count("<details>") == 5 and md.count("</details>") == 5  # 2-4, 6, 7 folded
     peers_at = md.index(f"**{stability.PEER_TITLE}**")
     assert peers_at < md.index("<details>") and "Where each peer misses a target: " in md
     line, peers_line = sec.summary
@@ -411,3 +411,58 @@ def test_missing_peer_is_shown_absent_with_the_reason(monkeypatch):
     table = stability.peer_table(np.random.default_rng(0), [case])[0]
     assert table.rows[0][4:7] == ["—", "—", "—"]
     assert "Not run: torch raised RuntimeError on LayerNorm N(0, 1) [float32]" in table.note
+
+
+@pytest.fixture(scope="module")
+def memory_efficient():
+    """Table 7 on small sizes: (table, failed targets)."""
+    pytest.importorskip("ml_dtypes")
+    return stability.memory_efficient_table(_SMALL, np.random.default_rng(7))
+
+
+def _cells(table, **match):
+    """Dicts of the rows of ``table`` whose columns equal ``match``."""
+    rows = [dict(zip(table.head, r, strict=True)) for r in table.rows]
+    return [r for r in rows if all(r[k] == v for k, v in match.items())]
+
+
+def test_memory_efficient_table_meets_its_targets_and_goal(memory_efficient):
+    """Protects table 7: every memory-efficient gradient of every norm, dtype and backend is
+    within the tolerance table (the targets), and in float32 and float64 within 2x of the
+    default mode's error (the goal), the hard cases of the recovery rule included."""
+    table, failed = memory_efficient
+    assert failed == []
+    assert {r["result"] for r in _cells(table)} == {"pass"}
+    exact = [r for r in _cells(table) if r["dtype"] in ("float32", "float64")]
+    assert exact and all(r["goal <= 2x"] == "met" for r in exact)
+    assert {r["norm"] for r in _cells(table)} == {"LayerNorm", "RMSNorm", "add+LayerNorm",
+                                                  "add+RMSNorm"}
+
+
+def test_memory_efficient_table_keeps_what_the_rule_names(memory_efficient):
+    """Protects the k / r column: beta = 1e4 * gamma keeps every channel, gamma from 1e-4 to
+    1e4 with beta = 0 none (float32), gamma = 0 on every fifth channel at least those, and
+    LayerNorm's constant rows are kept whole."""
+    table, _ = memory_efficient
+    d = _SMALL.d
+    for r in _cells(table, case="beta = 1e4 * gamma, gamma from 1e-4 to 1e4"):
+        assert r["k / r"].split(" / ")[0] == str(d)
+    for r in _cells(table, case="gamma from 1e-4 to 1e4", dtype="float32"):
+        assert r["k / r"] == "0 / 0"
+    for r in _cells(table, case="gamma = 0 on every fifth channel"):
+        assert int(r["k / r"].split(" / ")[0]) >= len(range(0, d, 5))
+    for r in _cells(table, norm="LayerNorm", case="zero variance"):
+        assert r["k / r"].split(" / ")[1] == str(_SMALL.rows)
+
+
+def test_memory_efficient_table_reports_recovery_without_its_rules(monkeypatch):
+    """Protects table 7's power to fail: with the rows rule switched off in the reference, its
+    nearly constant add-norm rows fall outside the tolerance table and are named."""
+    pytest.importorskip("ml_dtypes")
+    from layernorm import reference
+
+    monkeypatch.setattr(reference, "kept_rows", lambda *a: np.empty(0, np.int64))
+    monkeypatch.setattr(stability, "_family_modules", lambda: [("reference", reference)])
+    table, failed = stability.memory_efficient_table(stability.FULL,
+                                                     np.random.default_rng([0, 7]))
+    assert any("add+LayerNorm: zero variance" in f and "reference" in f for f in failed)
