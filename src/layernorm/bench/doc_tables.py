@@ -23,10 +23,11 @@ from pathlib import Path
 
 from .._table import render
 from ..family import NORMS
-from . import peers
+from . import peers, results
 
 __all__ = ["BLOCKS", "Block", "bandwidth_table", "call_cost_table", "complexity_table",
-           "kernel_times_table", "onnxruntime_rows_table", "stale", "update"]
+           "kernel_times_table", "memory_efficient_table", "onnxruntime_rows_table", "stale",
+           "update"]
 
 
 
@@ -108,6 +109,14 @@ def onnxruntime_rows_table(result: dict) -> str:
                                           "SkipLayerNormalization"], body, True))
 
 
+def memory_efficient_table(result: dict) -> str:
+    """docs/cpu-kernels.md: the memory-efficient backward's time over the default mode's, per
+    case, for the fused kernels and layernorm.torch (:func:`results.me_table`)."""
+    m = result["meta"]
+    return (f"{results.n_threads(m['threads'])}, {m['machine'].get('cpu', 'unknown CPU')}, "
+            f"`{m['command']}`:\n\n" + results.me_table(result["rows"], markdown=True))
+
+
 @dataclass(frozen=True)
 class Block:
     """A generated table: the document it sits in, its result file, how it is made."""
@@ -126,6 +135,8 @@ BLOCKS: dict[str, Block] = {
     "kernel-times": Block("docs/cpu-kernels.md", "kernel-times.json", kernel_times_table),
     "onnxruntime-rows": Block("docs/export.md", "onnxruntime-rows.json",
                               onnxruntime_rows_table),
+    "memory-efficient": Block("docs/cpu-kernels.md", "cpu-memory-efficient.json",
+                              memory_efficient_table),
 }
 _TOOL = "python tools/doc_tables.py"
 

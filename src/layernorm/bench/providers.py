@@ -297,8 +297,10 @@ def available(norm: str = "layer_norm", backends: tuple[str, ...] = BACKENDS) ->
 def inputs(norm: str, shape: tuple[int, ...], dtype: str, seed: int = 0
            ) -> dict[str, np.ndarray]:
     """Random inputs of ``norm`` in ``dtype``: the (..., D) arrays its forward and backward
-    read (x = 2·N(0, 1) + 0.5, the others N(0, 1)) and its (D,) parameters, drawn in the order
-    forward inputs, parameters, backward inputs."""
+    read (x = 2·N(0, 1) + 0.5, the others N(0, 1)) and its (D,) parameters as trained ones
+    look (gamma = 1 + N(0, 1)/4, beta = N(0, 1)/4: the memory-efficient mode recovers every
+    channel of such weights), drawn in the order forward inputs, parameters, backward
+    inputs."""
     n = family_norm(norm)
     rng = np.random.default_rng(seed)
     dt = resolve(dtype)
@@ -308,7 +310,8 @@ def inputs(norm: str, shape: tuple[int, ...], dtype: str, seed: int = 0
     for name in names:
         size = shape[-1] if name in n.params else shape
         v = rng.standard_normal(size, dtype=np.float32)
-        a[name] = (v * 2 + 0.5 if name == "x" else v).astype(dt)
+        v = {"x": v * 2 + 0.5, "gamma": 1 + v / 4, "beta": v / 4}.get(name, v)
+        a[name] = v.astype(dt)
     return a
 
 
