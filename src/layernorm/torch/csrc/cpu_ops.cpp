@@ -270,6 +270,30 @@ int64_t grain(int64_t d) {
   return std::max<int64_t>(1, (g_config.serial_elements + d - 1) / std::max<int64_t>(d, 1));
 }
 
+// The checks both backwards make of the rows they read (xn, or y in the memory-efficient
+// mode, named ``name``), dy, dh, the parameters and the forward's (M, NSTATS) statistics;
+// returns D.
+int64_t check_backward(const Tensor& dy, const OptTensor& dh, const Tensor& src,
+                       const char* name, const OptTensor& weight, const OptTensor& bias,
+                       const Tensor& stats0) {
+  TORCH_CHECK(src.dim() >= 1 && src.size(-1) >= 1, "layernorm: ", name,
+              " must be (..., D) with D >= 1, got ", src.sizes());
+  const int64_t d = src.size(-1), m = src.numel() / d;
+  check_cpu(src, name);
+  check_like(dy, src, "dy", name);
+  if (dh.has_value()) check_like(*dh, src, "dh", name);
+  check_param(weight, d, "weight");
+  check_param(bias, d, "bias");
+  check_cpu(stats0, "stats0");
+  TORCH_CHECK_VALUE(stats0.dim() == 2 && stats0.size(0) == m &&
+                        stats0.size(1) == g_config.nstats &&
+                        stats0.scalar_type() == ScalarType::Double,
+                    "layernorm: stats0 must be the forward's (M, ", g_config.nstats,
+                    ") float64 statistics for M = ", m, ", got ", stats0.sizes(), " ",
+                    stats0.scalar_type());
+  return d;
+}
+
 // x (..., D), normalized over its last axis as M = numel / D rows: y and h of x's shape (h
 // an empty (0,) without residual) and stats ((M, NSTATS) float64, or (0, NSTATS) when the
 // caller keeps none).
@@ -348,21 +372,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
     const OptTensor& bias, const Tensor& stats0, const Tensor& stats1, bool centred,
     bool zero_centered_gamma, std::optional<ScalarType> x_dtype,
     std::optional<ScalarType> residual_dtype) {
-  TORCH_CHECK(xn.dim() >= 1 && xn.size(-1) >= 1, "layernorm: xn must be (..., D) with D >= 1, got ",
-              xn.sizes());
-  const int64_t d = xn.size(-1), m = xn.numel() / d;
-  check_cpu(xn, "xn");
-  check_like(dy, xn, "dy", "xn");
-  if (dh.has_value()) check_like(*dh, xn, "dh", "xn");
-  check_param(weight, d, "weight");
-  check_param(bias, d, "bias");
-  check_cpu(stats0, "stats0");
-  TORCH_CHECK_VALUE(stats0.dim() == 2 && stats0.size(0) == m &&
-                        stats0.size(1) == g_config.nstats &&
-                        stats0.scalar_type() == ScalarType::Double,
-                    "layernorm: stats0 must be the forward's (M, ", g_config.nstats,
-                    ") float64 statistics for M = ", m, ", got ", stats0.sizes(), " ",
-                    stats0.scalar_type());
+  const int64_t d = check_backward(dy, dh, xn, "xn", weight, bias, stats0);
+  const int64_t m = xn.numel() / d;
   const ScalarType ndt = xn.scalar_type(), cdt = compute(ndt);
   const ScalarType dxdt = x_dtype.value_or(ndt);
   const bool add = residual_dtype.has_value();
@@ -586,21 +597,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
     const Tensor& kept, const Tensor& rows, const Tensor& xrows, bool centred,
     bool zero_centered_gamma, std::optional<ScalarType> x_dtype,
     std::optional<ScalarType> residual_dtype) {
-  TORCH_CHECK(y.dim() >= 1 && y.size(-1) >= 1, "layernorm: y must be (..., D) with D >= 1, got ",
-              y.sizes());
-  const int64_t d = y.size(-1), m = y.numel() / d;
-  check_cpu(y, "y");
-  check_like(dy, y, "dy", "y");
-  if (dh.has_value()) check_like(*dh, y, "dh", "y");
-  check_param(weight, d, "weight");
-  check_param(bias, d, "bias");
-  check_cpu(stats0, "stats0");
-  TORCH_CHECK_VALUE(stats0.dim() == 2 && stats0.size(0) == m &&
-                        stats0.size(1) == g_config.nstats &&
-                        stats0.scalar_type() == ScalarType::Double,
-                    "layernorm: stats0 must be the forward's (M, ", g_config.nstats,
-                    ") float64 statistics for M = ", m, ", got ", stats0.sizes(), " ",
-                    stats0.scalar_type());
+  const int64_t d = check_backward(dy, dh, y, "y", weight, bias, stats0);
+  const int64_t m = y.numel() / d;
   check_cpu(keep, "keep");
   check_cpu(kept, "kept");
   TORCH_CHECK_VALUE(keep.dim() == 1 && keep.scalar_type() == ScalarType::Long,
