@@ -1,6 +1,6 @@
 """Measure the norms' numerical error against exact answers: the adversarial suite.
 
-Six tables, every error normwise, max|got - exact|/max|exact| (ulps: in the output dtype at
+Seven tables, every error normwise, max|got - exact|/max|exact| (ulps: in the output dtype at
 max|exact|), against the exact oracle (:func:`layernorm.numerics.exact_norm`, integer
 arithmetic) unless the oracle column says otherwise:
 

@@ -15,7 +15,7 @@ from .report import Section, folded
 
 __all__ = ["DESCRIPTION", "add_arguments", "report_section", "run"]
 
-DESCRIPTION = stability.__doc__  # the six tables, for --help
+DESCRIPTION = stability.__doc__  # the seven tables, for --help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
