@@ -1150,6 +1150,26 @@ def forward(
     return y, h, mean, rstd
 
 
+def _check_backward(dy: torch.Tensor, dh: torch.Tensor | None, src: torch.Tensor, name: str,
+                    weight: torch.Tensor | None, bias: torch.Tensor | None, centred: bool,
+                    residual_dtype: torch.dtype | None) -> tuple[int, int]:
+    """The checks both backwards make of the rows they read (``src``, named ``name``: xn, or
+    y from the memory-efficient forward), dy, dh and the parameters; returns (M, D)."""
+    if bias is not None and not centred:
+        raise ValueError("bias must be None for RMSNorm (centred=False)")
+    if src.dim() != 2:
+        raise ValueError(f"{name} must be (M, D), got shape {tuple(src.shape)}")
+    M, D = src.shape
+    if dh is not None and residual_dtype is None:
+        raise ValueError("dh is only for add-norms (residual_dtype given)")
+    for t, what in ((dy, "dy"), (src, name), (dh, "dh")):
+        if t is not None:
+            _check_rows(t, what, M, D)
+    _check_param(weight, "weight", D)
+    _check_param(bias, "bias", D)
+    return M, D
+
+
 def backward(
     dy: torch.Tensor,
     dh: torch.Tensor | None,
@@ -1184,19 +1204,8 @@ def backward(
         dw: (D,) in weight's dtype, or None without weight.
         db: (D,) in bias's dtype, or None without bias.
     """
-    if bias is not None and not centred:
-        raise ValueError("bias must be None for RMSNorm (centred=False)")
-    if xn.dim() != 2:
-        raise ValueError(f"xn must be (M, D), got shape {tuple(xn.shape)}")
-    M, D = xn.shape
+    M, D = _check_backward(dy, dh, xn, "xn", weight, bias, centred, residual_dtype)
     add = residual_dtype is not None
-    if dh is not None and not add:
-        raise ValueError("dh is only for add-norms (residual_dtype given)")
-    for t, name in ((dy, "dy"), (xn, "xn"), (dh, "dh")):
-        if t is not None:
-            _check_rows(t, name, M, D)
-    _check_param(weight, "weight", D)
-    _check_param(bias, "bias", D)
     sdt = _stats_dtype(xn.dtype)
     if mean.dtype != sdt or rstd.dtype != sdt or mean.shape != (M,) or rstd.shape != (M,):
         raise ValueError(f"mean and rstd must be ({M},) {sdt}, as the forward returns them")
@@ -1265,19 +1274,8 @@ def backward_from_y(
         As :func:`backward`: dx (M, D) contiguous in x_dtype; dresidual (M, D) contiguous in
         residual_dtype (add-norms, else None); dw in weight's dtype and db in bias's (or None).
     """
-    if bias is not None and not centred:
-        raise ValueError("bias must be None for RMSNorm (centred=False)")
-    if y.dim() != 2:
-        raise ValueError(f"y must be (M, D), got shape {tuple(y.shape)}")
-    M, D = y.shape
+    M, D = _check_backward(dy, dh, y, "y", weight, bias, centred, residual_dtype)
     add = residual_dtype is not None
-    if dh is not None and not add:
-        raise ValueError("dh is only for add-norms (residual_dtype given)")
-    for t, name in ((dy, "dy"), (y, "y"), (dh, "dh")):
-        if t is not None:
-            _check_rows(t, name, M, D)
-    _check_param(weight, "weight", D)
-    _check_param(bias, "bias", D)
     if keep.dim() != 1 or keep.dtype != torch.int64 or keep.device != y.device:
         raise ValueError(f"keep must be a (k,) int64 tensor on {y.device}, got shape "
                          f"{tuple(keep.shape)}, {keep.dtype} on {keep.device}")

@@ -153,10 +153,9 @@ def _norm_triton(x, residual, weight, bias, eps, centred, zero_centered_gamma, h
     return y, h
 
 
-def _bwd_triton(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_gamma,
-                x_dtype, residual_dtype):
-    from ..gpu import kernels
-
+def _triton_backward(launch, dy, dh, src, x_dtype, residual_dtype):
+    """Either Triton backward as an op returns it: ``launch(dy, dh, src, residual_dtype)``
+    on (M, D) views with unit column stride, ``src`` the rows it reads (xn, or y)."""
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     if dh is not None and dh.stride(-1) != 1:
@@ -164,14 +163,24 @@ def _bwd_triton(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered
     # dh without residual_dtype: the launcher adds dh only for an add-norm, so it runs as one
     # whose dresidual, in dx's dtype, is dropped
     keep = dh is None or residual_dtype is not None
-    dx, dres, dw, db = kernels.backward(
-        _rows(dy), _rows(dh), _rows(xn), weight, bias, stats0, stats1, centred=centred,
-        zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
-        residual_dtype=residual_dtype if keep else x_dtype or xn.dtype)
-    dx = dx.view(xn.shape)
-    dres = None if dres is None or not keep else dres.view(xn.shape)
+    dx, dres, dw, db = launch(_rows(dy), _rows(dh), _rows(src),
+                              residual_dtype if keep else x_dtype or src.dtype)
+    dx = dx.view(src.shape)
+    dres = None if dres is None or not keep else dres.view(src.shape)
     # an op returns no None and no two outputs that share memory: one empty each
-    return tuple(xn.new_empty((0,)) if t is None else t for t in (dx, dres, dw, db))
+    return tuple(src.new_empty((0,)) if t is None else t for t in (dx, dres, dw, db))
+
+
+def _bwd_triton(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_gamma,
+                x_dtype, residual_dtype):
+    from ..gpu import kernels
+
+    def launch(dy, dh, xn, residual_dtype):
+        return kernels.backward(dy, dh, xn, weight, bias, stats0, stats1, centred=centred,
+                                zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
+                                residual_dtype=residual_dtype)
+
+    return _triton_backward(launch, dy, dh, xn, x_dtype, residual_dtype)
 
 
 def _pow2_scale(a: Tensor) -> Tensor:
@@ -263,19 +272,13 @@ def _bwd_y_triton(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xro
                   zero_centered_gamma, x_dtype, residual_dtype):
     from ..gpu import kernels
 
-    if dy.stride(-1) != 1:
-        dy = dy.contiguous()
-    if dh is not None and dh.stride(-1) != 1:
-        dh = dh.contiguous()
-    # as _bwd_triton: dh without residual_dtype runs as an add-norm whose dresidual is dropped
-    with_dres = dh is None or residual_dtype is not None
-    dx, dres, dw, db = kernels.backward_from_y(
-        _rows(dy), _rows(dh), _rows(y), weight, bias, stats1, keep, kept, rows=rows,
-        xhat_rows=xrows, centred=centred, zero_centered_gamma=zero_centered_gamma,
-        x_dtype=x_dtype, residual_dtype=residual_dtype if with_dres else x_dtype or y.dtype)
-    dx = dx.view(y.shape)
-    dres = None if dres is None or not with_dres else dres.view(y.shape)
-    return tuple(y.new_empty((0,)) if t is None else t for t in (dx, dres, dw, db))
+    def launch(dy, dh, y, residual_dtype):
+        return kernels.backward_from_y(
+            dy, dh, y, weight, bias, stats1, keep, kept, rows=rows, xhat_rows=xrows,
+            centred=centred, zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
+            residual_dtype=residual_dtype)
+
+    return _triton_backward(launch, dy, dh, y, x_dtype, residual_dtype)
 
 
 _TRITON = (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_triton),
