@@ -707,3 +707,28 @@ def test_memory_efficient_backends_are_timed_beside_their_default_mode():
     verdict = results.me_verdict(rows, mine)
     assert verdict and verdict in line
     assert any(h.startswith("`fused-me`: backward") for h in results.headlines(rows))
+
+
+def _me_pair(speedups, flags=()):
+    """A default fused backward row and its memory-efficient twin, whose per-round ratios of
+    the default's time over its own have p50, p20, p80 = ``speedups``."""
+    base = {"norm": "layer_norm", "shape": [8, 64], "dtype": "float32", "op": "bwd",
+            "impl": "fused", "flags": [], "p20_ms": 1.0, "p80_ms": 1.05, "speedup": {},
+            "speedup_p20_p80": {}}
+    me = {**base, "impl": "fused-me", "flags": list(flags), "speedup": {"fused": speedups[0]},
+          "speedup_p20_p80": {"fused": list(speedups[1:])}}
+    return [base, me], me
+
+
+@pytest.mark.parametrize(("speedups", "flags", "want"), [
+    ((1.0, 0.95, 1.05), (), "met"),  # ME / default 0.95-1.05: within 1.10 at p80
+    ((0.8, 0.78, 0.82), (), "missed"),  # ME / default 1.22-1.28: beyond 1.10 at p20
+    ((0.92, 0.85, 0.95), (), "within the noise (1.05-1.18)"),
+    ((1.0, 0.95, 1.05), ("busy machine (load 1.2)",), "busy machine"),
+])
+def test_memory_efficient_verdict_judges_the_ratio_against_its_goal(speedups, flags, want):
+    """Protects the goal of the memory-efficient backward (at most ME_GOAL times the
+    default's time): met only when p80 of the per-round ratios is within it, missed only when
+    p20 is beyond it, the spread shown between, and a flagged time gets no verdict."""
+    rows, me = _me_pair(speedups, flags)
+    assert results.me_verdict(rows, me) == want
