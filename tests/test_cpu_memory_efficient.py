@@ -1,10 +1,11 @@
 """The memory-efficient mode of the fused CPU kernels: the backward reads y, not x.
 
 Against the reference's memory-efficient mode, the float64 oracle and the default mode, for
-every norm and dtype; the recovery's arithmetic bit for bit (an IEEE division in T); the hard
-cases of the recovery rule and the float64 paths; the rows kept whole (var < eps under a
-shift) wherever they fall; the thread-count invariance; what the cache holds and refuses; the
-modules; and the Python kernels of the torch ops."""
+every norm and dtype; the recovery's arithmetic bit for bit (float32's reciprocal and its
+unbiased dgamma, float64's division); the hard cases of the recovery rule and the float64
+paths; the rows kept whole (var < eps under a shift) wherever they fall; the thread-count
+invariance; what the cache holds and refuses; the modules; and the Python kernels of the
+torch ops."""
 
 from __future__ import annotations
 
@@ -170,12 +171,14 @@ def test_add_norms_without_dh(name, family_inputs, run_norm, float64_oracle, res
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 @pytest.mark.parametrize("m", [4, 5])
-def test_xhat_is_recovered_by_an_ieee_division(m, dtype, dtype_or_skip):
+def test_xhat_is_recovered_by_the_kernels_arithmetic(m, dtype, dtype_or_skip):
     """Protects the recovery's arithmetic: with dy = 1 on one row and 0 elsewhere, dgamma is
-    that row's xhat exactly, and it equals T(y) - shift divided by scale in T (one rounding
-    each) on the recovered channels and the kept xhat on the kept ones, in a tile (m = 4) and
-    on a leftover row (m = 5, last row). A reciprocal multiply differs on some channels here,
-    so the comparison would see one."""
+    that row's xhat as the kernel forms it, times the chunk's unbiasing factor. In T = float32
+    xhat = (T(y) - shift) * r with r = 1 / scale rounded to float32, and dgamma's partial is
+    multiplied by 1 / (scale * r) in float64; in float64 xhat = (y - shift) / scale. The kept
+    channels give the kept xhat. In a tile (m = 4) and on a leftover row (m = 5, last row).
+    Where dgamma holds T's bits, the plain division and the uncorrected reciprocal each differ
+    from it on some channels here, so either formula in the kernel would fail."""
     dt = dtype_or_skip(dtype)
     d = 1000
     t = np.float64 if dtype == "float64" else np.float32
@@ -191,18 +194,28 @@ def test_xhat_is_recovered_by_an_ieee_division(m, dtype, dtype_or_skip):
     _, dgamma, _ = cpu.layer_norm_backward(dy, cache)
     scale, shift = gamma.astype(t), beta.astype(t)
     with np.errstate(divide="ignore", invalid="ignore"):
-        want = (y[row].astype(t) - shift) / scale  # (D,) IEEE, in T
-        reciprocal = (y[row].astype(t) - shift) * (t(1) / scale)
-    want[cache.keep] = cache.kept[row]
-    np.testing.assert_array_equal(dgamma.astype(t), want.astype(dt).astype(t))
-    if dt == t:  # dgamma holds T's bits: a reciprocal would show
-        assert np.any(reciprocal != want)
+        division = (y[row].astype(t) - shift) / scale  # (D,) IEEE, in T
+        r = t(1) / scale
+        reciprocal = (y[row].astype(t) - shift) * r
+        corr = 1 / (scale.astype(np.float64) * r.astype(np.float64))
+    want = division.copy() if t == np.float64 else reciprocal.astype(np.float64) * corr
+    for v in (want, division, reciprocal):
+        v[cache.keep] = cache.kept[row]
+    got = dgamma.astype(np.float64)
+    np.testing.assert_array_equal(got, want.astype(dt).astype(np.float64))
+    if dt == t == np.float32:  # dgamma holds T's bits: either other formula would show
+        assert not np.array_equal(got, division.astype(np.float64))
+        assert not np.array_equal(got, reciprocal.astype(np.float64))
+    if dt == t == np.float64:
+        assert not np.array_equal(got, reciprocal)
 
 
 def test_dgamma_dbeta_add_rows_in_order_into_float64_chunk_partials():
     """Protects the documented dgamma/dbeta order in the memory-efficient backward: for each
     chunk, the float64 sum of T(dy * xhat) row by row (tiles and leftover rows, a row whose
-    statistics are scaled on the float64 path, a kept channel), chunks added in order."""
+    statistics are scaled on the float64 path, a kept channel), xhat = (y - beta) * r with
+    r = 1 / gamma in float32, the chunk's dgamma sum then times 1 / (gamma * r) in float64 on
+    the recovered channels; chunks added in order."""
     m, d = 203, 300
     x = (0.5 + RNG.standard_normal((m, d))).astype(np.float32)
     x[77] = 3e38  # its float32 sums overflow: SCALE != 1, the float64 path
@@ -215,8 +228,11 @@ def test_dgamma_dbeta_add_rows_in_order_into_float64_chunk_partials():
     assert cache.stats[77, cpu.SCALE] < 2.0**-100 and 11 in cache.keep
     _, dg, db = cpu.layer_norm_backward(dy, cache)
     with np.errstate(divide="ignore", invalid="ignore"):
-        xhat = (y - beta) / gamma  # (M, D) float32, as the kernel
+        r = np.float32(1) / gamma
+        xhat = (y - beta) * r  # (M, D) float32, as the kernel
+        corr = 1 / (gamma.astype(np.float64) * r.astype(np.float64))
     xhat[:, cache.keep] = cache.kept
+    corr[cache.keep] = 1.0
     c = cpu.n_chunks(m)
     want = np.zeros((2, d))
     for k in range(c):
@@ -227,6 +243,7 @@ def test_dgamma_dbeta_add_rows_in_order_into_float64_chunk_partials():
             else:
                 part[0] += dy[i] * xhat[i]
             part[1] += dy[i]
+        part[0] *= corr
         want += part
     assert dg.tobytes() == want[0].astype(np.float32).tobytes()
     assert db.tobytes() == want[1].astype(np.float32).tobytes()
@@ -462,8 +479,11 @@ def test_rows_kept_whole_anywhere_in_the_chunks():
     assert cache.rows.tolist() == whole and 11 in cache.keep
     dx, dg, db = cpu.layer_norm_backward(dy, cache)
     with np.errstate(divide="ignore", invalid="ignore"):
-        xhat = (y - beta) / gamma  # (M, D) float32, as the kernel
+        r = np.float32(1) / gamma
+        xhat = (y - beta) * r  # (M, D) float32, as the kernel
+        corr = 1 / (gamma.astype(np.float64) * r.astype(np.float64))
     xhat[:, cache.keep] = cache.kept
+    corr[cache.keep] = 1.0
     xhat[cache.rows] = cache.xrows
     want = np.zeros((2, d))
     for k in range(c):
@@ -474,6 +494,7 @@ def test_rows_kept_whole_anywhere_in_the_chunks():
             else:
                 part[0] += dy[i] * xhat[i]
             part[1] += dy[i]
+        part[0] *= corr
         want += part
     assert dg.tobytes() == want[0].astype(np.float32).tobytes()
     assert db.tobytes() == want[1].astype(np.float32).tobytes()

@@ -18,8 +18,10 @@ or 1 + gamma, and centred = True for LayerNorm, False for RMSNorm (then hi = lo 
               (layernorm.recovery.kept_channels) with their xhat from the forward:
               1  su = sum_j u_j, sut = sum_{j not in K} dy_j * (y_j - shift_j)
                  + sum_{j in K} u_j * xhat_j, mean(g * xhat) = sut / D
-              2  as above with xhat_j = (y_j - shift_j) / scale_j (an IEEE division in T)
-                 off K; dx_j and dgamma's term on K written from the kept xhat after the sweep
+              2  as above with xhat_j = (y_j - shift_j) * r_j off K, r_j = 1 / scale_j rounded
+                 to float32 (float64: xhat_j = (y_j - shift_j) / scale_j, a division); dx_j
+                 and dgamma's term on K written from the kept xhat after the sweep; each
+                 chunk's dgamma partial of channel j then times 1 / (scale_j * r_j) in float64
               the rows kept whole (layernorm.recovery.kept_rows: var < eps under a shift)
               read their xhat row as stored: su, sut = sum_j u_j * xhat_j, then sweep 2
 
@@ -552,8 +554,9 @@ def forward_rows(x, residual, zp, zt, gamma, beta, eps, flags, y, h, stats, chec
 # stored xhat row) pick at compile time which one a sweep computes, so none pays for another.
 
 # Rows of ``chan`` (4, D) T, the memory-efficient backward's per-channel values: the scale;
-# num and den, shift and scale with 0 and inf on the kept channels (xhat = (y - num) / den is
-# 0 there); w, 1 with 0 on the kept channels.
+# num, the shift (0 on the kept channels); den, what :func:`_recover` takes: 1 / scale in
+# float32, scale in float64 (0 and inf on the kept channels, so that xhat is 0 there); w, 1
+# with 0 on the kept channels.
 CH_SCALE, CH_NUM, CH_DEN, CH_W = 0, 1, 2, 3
 
 
@@ -590,13 +593,28 @@ def _at_typed(cb, j):
     return lambda cb, j: (cb[0][j], cb[1][j])
 
 
-@njit(error_model="numpy", cache=True)
 def _recover(y, num, den, like):
-    """xhat = (y - num) / den in T (the type of ``like``), y rounded to T first: an IEEE
-    division, one rounding. No test for 0 (it would stop the vectorisation: the kept channels
-    divide by inf), and no fastmath flag, so LLVM can neither turn it into a reciprocal nor
-    fold it into the products that use it."""
-    return (_to(_ld(y), like) - num) / den
+    """xhat = (y - num) * den in float32, den = 1 / scale rounded once (:func:`_den`); (y -
+    num) / den in float64, den = scale: T is the type of ``like``, and y is rounded to T
+    first. No test for 0 (it would stop the vectorisation): on the kept channels den is 0
+    (float32) or inf (float64), so xhat is 0 there. No fastmath flag, so LLVM folds nothing
+    into the products that use xhat.
+
+    float32 multiplies: a division in every element of sweep 2, which runs at the core's
+    speed rather than memory's, was its one costly instruction. The reciprocal's rounding is
+    the same relative error for every row of a channel: it would not average out of dgamma's
+    sum, so each chunk's dgamma partial is corrected with the exact 1 / scale
+    (:func:`_unbias`); dx sees at most one more rounding of xhat, next to y's own rounding
+    carried through (docs/numerics.md measures both modes). float64 keeps the division: it has
+    no wider type in which to correct, and no time goal.
+    """
+
+
+@overload(_recover, jit_options={"cache": True})
+def _recover_typed(y, num, den, like):
+    if like == types.float64:
+        return lambda y, num, den, like: (_to(_ld(y), like) - num) / den
+    return lambda y, num, den, like: (_to(_ld(y), like) - num) * den
 
 
 def _xhat(x, c, cj, rc):
@@ -950,7 +968,7 @@ def _row_sums_typed(src, dy, scale, me, stats, check, centred, i, st, k, pre):
             same = not verify or ck == check[i]
             mgx = _to(r * (sut - lo * su) / D, z)
         else:
-            chan, keep, kept, _, _ = me
+            chan, keep, kept, _, _, _ = me
             if formed:
                 su, sut = pre
             else:
@@ -1090,7 +1108,7 @@ def _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx, dres, p
         _backward_row_f64(_scaled_row(src[i], s[SCALE]), s[HI], s[LO], s[RSTD], dy[i], dhr,
                           scale, s, centred, dx[i], drr, pg, pb)
     else:
-        chan, keep, kept, _, _ = me
+        chan, keep, kept, _, _, _ = me
         xs = _recovered_row(src[i], chan, keep, kept[i], scale.dtype.type(0))
         _backward_row_f64(xs, 0.0, 0.0, 1.0, dy[i], dhr, scale, s, centred, dx[i], drr, pg,
                           pb)
@@ -1148,7 +1166,22 @@ def _chunks(src, dy, dh, zp, scale, me, stats, check, flags, dx, dres, partial, 
                                  pg, pb, k, st, 0, q)
             if verify:
                 ok[k] = same
+        if me is not None:
+            _unbias(pg, me[5])
     _alive(owner)
+
+
+@njit(cache=True)
+def _unbias(pg, corr):
+    """pg (D,) float64 *= corr (D,) float64: a chunk's dgamma partials from y, each
+    channel's sum of dy * xhat with xhat = (y - shift) * r, r = 1 / scale rounded to float32,
+    turned into the sum with the exact 1 / scale (corr = 1 / (scale * r) in float64, where
+    scale * r is exact; 1 on the kept channels and in float64, whose xhat is divided). The
+    reciprocal's rounding is the same relative error on every term of a channel, so it would
+    not average out over the rows; the rounding of each xhat does, as a division's would."""
+    for j in range(pg.shape[0]):
+        pg[j] *= corr[j]
+
 
 
 @njit(cache=True)
@@ -1167,6 +1200,43 @@ def backward_chunks(x, dy, dh, zp, scale, stats, check, flags, dx, dres, partial
     dtype, one at a time): the partials get the same additions in the same row order.
     """
     _chunks(x, dy, dh, zp, scale, None, stats, check, flags, dx, dres, partial, ok, c0, c1)
+
+
+_F32_LARGEST = np.float32(np.finfo(np.float32).max)
+
+
+def _den(g):
+    """The divisor row's value for scale ``g`` (:func:`_recover`): in float32 1 / g rounded
+    once (the largest float32 where that rounds to inf: a recovered |g| may be as small as
+    tiny / MARGIN = 2**-128, whose reciprocal is off by at most 2**-24 relative then), in
+    float64 g itself; for g = 0 (what a kept channel gets) 0 and inf, so that xhat = 0 on the
+    kept channels."""
+
+
+@overload(_den, jit_options={"cache": True, "error_model": "numpy"})
+def _den_typed(g):
+    if g == types.float64:
+        return lambda g: g if g != 0 else np.inf
+
+    def reciprocal(g):
+        if g == 0:
+            return np.float32(0)
+        r = np.float32(1) / g
+        return r if abs(r) <= _F32_LARGEST else np.float32(math.copysign(_F32_LARGEST, g))
+    return reciprocal
+
+
+def _corr(g, den):
+    """:func:`_unbias`'s factor for scale ``g`` and divisor row value ``den``: 1 / (g * den)
+    in float64 for a float32 reciprocal (g * den is exact there), 1 for a kept channel
+    (den = 0) and in float64 (den = g, a division)."""
+
+
+@overload(_corr, jit_options={"cache": True, "error_model": "numpy"})
+def _corr_typed(g, den):
+    if g == types.float64:
+        return lambda g, den: 1.0
+    return lambda g, den: 1.0 if den == 0 else 1.0 / (np.float64(g) * np.float64(den))
 
 
 @njit(cache=True)
@@ -1191,13 +1261,20 @@ def backward_y_chunks(y, dy, dh, zp, scale, shift, keep, kept, rows, xrows, stat
     chan = _unmanaged(owner)
     chan[CH_SCALE] = scale
     chan[CH_NUM] = shift
-    chan[CH_DEN] = scale
     chan[CH_W] = 1.0
+    z = scale.dtype.type(0)
+    for j in range(D):
+        chan[CH_DEN, j] = _den(scale[j])
     for q in range(keep.shape[0]):
         chan[CH_NUM, keep[q]] = 0.0
-        chan[CH_DEN, keep[q]] = np.inf
+        chan[CH_DEN, keep[q]] = _den(z)
         chan[CH_W, keep[q]] = 0.0
-    _chunks(y, dy, dh, zp, scale, (chan, keep, kept, rows, xrows), stats,
+    corr = np.empty(D, np.float64)
+    for j in range(D):
+        corr[j] = _corr(scale[j], chan[CH_DEN, j])
+    # both sweeps read the scale from chan: one copy of it in cache, not two (for long rows
+    # the per-channel rows are a large part of what a tile's sweeps keep in cache)
+    _chunks(y, dy, dh, zp, chan[CH_SCALE], (chan, keep, kept, rows, xrows, corr), stats,
             np.empty(0, np.uint64), flags, dx, dres, partial, np.empty(0, np.bool_), c0, c1)
     _alive(owner)
 
