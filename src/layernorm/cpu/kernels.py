@@ -968,7 +968,7 @@ def _row_sums_typed(src, dy, scale, me, stats, check, centred, i, st, k, pre):
             same = not verify or ck == check[i]
             mgx = _to(r * (sut - lo * su) / D, z)
         else:
-            chan, keep, kept, _, _, _ = me
+            chan, keep, kept, _, _ = me
             if formed:
                 su, sut = pre
             else:
@@ -1108,7 +1108,7 @@ def _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx, dres, p
         _backward_row_f64(_scaled_row(src[i], s[SCALE]), s[HI], s[LO], s[RSTD], dy[i], dhr,
                           scale, s, centred, dx[i], drr, pg, pb)
     else:
-        chan, keep, kept, _, _, _ = me
+        chan, keep, kept, _, _ = me
         xs = _recovered_row(src[i], chan, keep, kept[i], scale.dtype.type(0))
         _backward_row_f64(xs, 0.0, 0.0, 1.0, dy[i], dhr, scale, s, centred, dx[i], drr, pg,
                           pb)
@@ -1167,20 +1167,22 @@ def _chunks(src, dy, dh, zp, scale, me, stats, check, flags, dx, dres, partial, 
             if verify:
                 ok[k] = same
         if me is not None:
-            _unbias(pg, me[5])
+            _unbias(pg, me[0])
     _alive(owner)
 
 
 @njit(cache=True)
-def _unbias(pg, corr):
-    """pg (D,) float64 *= corr (D,) float64: a chunk's dgamma partials from y, each
-    channel's sum of dy * xhat with xhat = (y - shift) * r, r = 1 / scale rounded to float32,
-    turned into the sum with the exact 1 / scale (corr = 1 / (scale * r) in float64, where
-    scale * r is exact; 1 on the kept channels and in float64, whose xhat is divided). The
-    reciprocal's rounding is the same relative error on every term of a channel, so it would
-    not average out over the rows; the rounding of each xhat does, as a division's would."""
+def _unbias(pg, chan):
+    """pg (D,) float64 *= :func:`_corr` of each channel's scale and r (``chan``): a chunk's
+    dgamma partials from y, each channel's sum of dy * xhat with xhat = (y - shift) * r,
+    r = 1 / scale rounded to float32, turned into the sum with the exact 1 / scale (1 / (scale
+    * r) in float64, where scale * r is exact; 1 on the kept channels and in float64, whose
+    xhat is divided). The reciprocal's rounding is the same relative error on every term of a
+    channel, so it would not average out over the rows; the rounding of each xhat does, as a
+    division's would. Formed here, once a chunk, rather than kept in an array: for long rows a
+    (D,) float64 array more per call cost more than the divisions."""
     for j in range(pg.shape[0]):
-        pg[j] *= corr[j]
+        pg[j] *= _corr(chan[CH_SCALE, j], chan[CH_DEN, j])
 
 
 
@@ -1218,11 +1220,9 @@ def _den_typed(g):
     if g == types.float64:
         return lambda g: g if g != 0 else np.inf
 
-    def reciprocal(g):
-        if g == 0:
-            return np.float32(0)
-        r = np.float32(1) / g
-        return r if abs(r) <= _F32_LARGEST else np.float32(math.copysign(_F32_LARGEST, g))
+    def reciprocal(g):  # branch-free, so that the loop filling the row vectorises
+        r = max(min(np.float32(1) / g, _F32_LARGEST), -_F32_LARGEST)
+        return np.float32(0) if g == 0 else r
     return reciprocal
 
 
@@ -1236,7 +1236,11 @@ def _corr(g, den):
 def _corr_typed(g, den):
     if g == types.float64:
         return lambda g, den: 1.0
-    return lambda g, den: 1.0 if den == 0 else 1.0 / (np.float64(g) * np.float64(den))
+
+    def factor(g, den):  # computed on every channel, then chosen: the loop vectorises
+        c = 1.0 / (np.float64(g) * np.float64(den))
+        return 1.0 if den == 0 else c
+    return factor
 
 
 @njit(cache=True)
@@ -1269,12 +1273,9 @@ def backward_y_chunks(y, dy, dh, zp, scale, shift, keep, kept, rows, xrows, stat
         chan[CH_NUM, keep[q]] = 0.0
         chan[CH_DEN, keep[q]] = _den(z)
         chan[CH_W, keep[q]] = 0.0
-    corr = np.empty(D, np.float64)
-    for j in range(D):
-        corr[j] = _corr(scale[j], chan[CH_DEN, j])
     # both sweeps read the scale from chan: one copy of it in cache, not two (for long rows
     # the per-channel rows are a large part of what a tile's sweeps keep in cache)
-    _chunks(y, dy, dh, zp, chan[CH_SCALE], (chan, keep, kept, rows, xrows, corr), stats,
+    _chunks(y, dy, dh, zp, chan[CH_SCALE], (chan, keep, kept, rows, xrows), stats,
             np.empty(0, np.uint64), flags, dx, dres, partial, np.empty(0, np.bool_), c0, c1)
     _alive(owner)
 
