@@ -33,6 +33,12 @@ def verdicts(rows: list[dict]) -> dict[tuple[str, str], tuple[str, str, str]]:
             if v:
                 out[tag, f"{impl} fwd+bwd >= {goal}x torch"] = (
                     v, f"{r['speedup']['torch']:.2f}x", r["regime"])
+        for me_impl in R.MEMORY_EFFICIENT:
+            r = R._find(rows, case, me_impl, "bwd")
+            v = r and R.me_verdict(rows, r)
+            if v:
+                out[tag, f"{me_impl} bwd <= {R.ME_GOAL:.2f}x default"] = (
+                    v, f"{R._me_ratio(r)[0]:.2f}x", r["regime"])
     return out
 
 
