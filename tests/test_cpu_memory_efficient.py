@@ -227,26 +227,40 @@ def test_dgamma_dbeta_add_rows_in_order_into_float64_chunk_partials():
     y, cache = cpu.layer_norm_forward(x, gamma, beta, memory_efficient=True)
     assert cache.stats[77, cpu.SCALE] < 2.0**-100 and 11 in cache.keep
     _, dg, db = cpu.layer_norm_backward(dy, cache)
+    want = _chunk_ordered_sums(y, dy, gamma, beta, cache, f64_rows=(77,))
+    assert dg.tobytes() == want[0].astype(np.float32).tobytes()
+    assert db.tobytes() == want[1].astype(np.float32).tobytes()
+
+
+def _chunk_ordered_sums(y, dy, gamma, beta, cache, f64_rows):
+    """(2, D) float64: dgamma and dbeta as the float32 memory-efficient kernel sums them, for
+    LayerNorm's y, dy, gamma, beta (float32) and its ``cache``. Per chunk of
+    ``cpu.n_chunks(M)``, row by row, the float64 sum of T(dy * xhat) (float64 products on
+    ``f64_rows``, the rows on the float64 path), xhat = (y - beta) * r with r = 1 / gamma in
+    float32, the kept xhat on the kept channels and the stored row on the rows kept whole;
+    the chunk's dgamma sum then times 1 / (gamma * r) in float64 on the recovered channels;
+    chunks added in order."""
+    m, d = y.shape
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.float32(1) / gamma
         xhat = (y - beta) * r  # (M, D) float32, as the kernel
         corr = 1 / (gamma.astype(np.float64) * r.astype(np.float64))
     xhat[:, cache.keep] = cache.kept
     corr[cache.keep] = 1.0
+    xhat[cache.rows] = cache.xrows
     c = cpu.n_chunks(m)
     want = np.zeros((2, d))
     for k in range(c):
         part = np.zeros((2, d))
         for i in range(k * m // c, (k + 1) * m // c):
-            if i == 77:  # float64 products on the float64 path
+            if i in f64_rows:
                 part[0] += dy[i].astype(np.float64) * xhat[i].astype(np.float64)
             else:
                 part[0] += dy[i] * xhat[i]
             part[1] += dy[i]
         part[0] *= corr
         want += part
-    assert dg.tobytes() == want[0].astype(np.float32).tobytes()
-    assert db.tobytes() == want[1].astype(np.float32).tobytes()
+    return want
 
 
 @pytest.mark.parametrize("name", list(NORMS))
@@ -478,24 +492,7 @@ def test_rows_kept_whole_anywhere_in_the_chunks():
     y, cache = cpu.layer_norm_forward(x, gamma, beta, memory_efficient=True)
     assert cache.rows.tolist() == whole and 11 in cache.keep
     dx, dg, db = cpu.layer_norm_backward(dy, cache)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.float32(1) / gamma
-        xhat = (y - beta) * r  # (M, D) float32, as the kernel
-        corr = 1 / (gamma.astype(np.float64) * r.astype(np.float64))
-    xhat[:, cache.keep] = cache.kept
-    corr[cache.keep] = 1.0
-    xhat[cache.rows] = cache.xrows
-    want = np.zeros((2, d))
-    for k in range(c):
-        part = np.zeros((2, d))
-        for i in range(starts[k], (starts + [m])[k + 1]):
-            if i in (14, 60):  # float64 products on the float64 path
-                part[0] += dy[i].astype(np.float64) * xhat[i].astype(np.float64)
-            else:
-                part[0] += dy[i] * xhat[i]
-            part[1] += dy[i]
-        part[0] *= corr
-        want += part
+    want = _chunk_ordered_sums(y, dy, gamma, beta, cache, f64_rows=(14, 60))
     assert dg.tobytes() == want[0].astype(np.float32).tobytes()
     assert db.tobytes() == want[1].astype(np.float32).tobytes()
     ex = exact_norm(x, gamma, beta, 1e-5, dy)
