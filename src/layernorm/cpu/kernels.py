@@ -1171,19 +1171,30 @@ def _chunks(src, dy, dh, zp, scale, me, stats, check, flags, dx, dres, partial, 
     _alive(owner)
 
 
-@njit(cache=True)
 def _unbias(pg, chan):
-    """pg (D,) float64 *= :func:`_corr` of each channel's scale and r (``chan``): a chunk's
-    dgamma partials from y, each channel's sum of dy * xhat with xhat = (y - shift) * r,
-    r = 1 / scale rounded to float32, turned into the sum with the exact 1 / scale (1 / (scale
-    * r) in float64, where scale * r is exact; 1 on the kept channels and in float64, whose
-    xhat is divided). The reciprocal's rounding is the same relative error on every term of a
-    channel, so it would not average out over the rows; the rounding of each xhat does, as a
-    division's would. Formed here, once a chunk, rather than kept in an array: for long rows a
-    (D,) float64 array more per call cost more than the divisions."""
-    for j in range(pg.shape[0]):
-        pg[j] *= _corr(chan[CH_SCALE, j], chan[CH_DEN, j])
+    """pg (D,) float64 *= 1 / (scale * r) per channel, scale and r from ``chan`` (float32):
+    a chunk's dgamma partials from y, each channel's sum of dy * xhat with xhat = (y - shift)
+    * r, r = 1 / scale rounded to float32, turned into the sum with the exact 1 / scale
+    (scale * r is exact in float64; the kept channels, r = 0, keep their sums). The
+    reciprocal's rounding is the same relative error on every term of a channel, so it would
+    not average out over the rows; the rounding of each xhat does, as a division's would.
+    Formed here, once a chunk, rather than kept in an array: for long rows a (D,) float64
+    array more per call cost more than the divisions. Nothing in float64, whose xhat is
+    divided."""
 
+
+@overload(_unbias, jit_options={"cache": True, "error_model": "numpy"})
+def _unbias_typed(pg, chan):
+    if chan.dtype == types.float64:
+        return lambda pg, chan: None
+
+    def unbias(pg, chan):
+        for j in range(pg.shape[0]):
+            r = chan[CH_DEN, j]
+            # formed on every channel, then chosen: the loop vectorises
+            c = 1.0 / (np.float64(chan[CH_SCALE, j]) * np.float64(r))
+            pg[j] *= 1.0 if r == 0 else c
+    return unbias
 
 
 @njit(cache=True)
@@ -1224,23 +1235,6 @@ def _den_typed(g):
         r = max(min(np.float32(1) / g, _F32_LARGEST), -_F32_LARGEST)
         return np.float32(0) if g == 0 else r
     return reciprocal
-
-
-def _corr(g, den):
-    """:func:`_unbias`'s factor for scale ``g`` and divisor row value ``den``: 1 / (g * den)
-    in float64 for a float32 reciprocal (g * den is exact there), 1 for a kept channel
-    (den = 0) and in float64 (den = g, a division)."""
-
-
-@overload(_corr, jit_options={"cache": True, "error_model": "numpy"})
-def _corr_typed(g, den):
-    if g == types.float64:
-        return lambda g, den: 1.0
-
-    def factor(g, den):  # computed on every channel, then chosen: the loop vectorises
-        c = 1.0 / (np.float64(g) * np.float64(den))
-        return 1.0 if den == 0 else c
-    return factor
 
 
 @njit(cache=True)
