@@ -64,6 +64,20 @@ def _flatten(norm, args, rows):
         args[1][rows] = 0
 
 
+def _near_oracle_and_reference(norm, args, cot, dt, run_norm, float64_oracle, results_close,
+                               **kw):
+    """The fused memory-efficient results of ``norm`` (keywords ``kw``) within the table of the
+    float64 oracle and of the reference's memory-efficient mode, each on the scale of its
+    oracle result; returns (the results, those scales)."""
+    got = run_norm(cpu, norm, args, cot, memory_efficient=True, **kw)
+    want = float64_oracle(norm, args, cot, **kw).results
+    scales = {k: _size(w) for k, w in want.items()}
+    results_close(got, want, dt, scales=scales, what="oracle")
+    results_close(got, run_norm(ref, norm, args, cot, memory_efficient=True, **kw), dt,
+                  scales=scales, what="reference")
+    return got, scales
+
+
 def _coarsest(*dtypes):
     """The table's name of the least precise of ``dtypes``."""
     return min((TABLE[np.dtype(t).name] for t in dtypes), key=lambda r: r.significand_bits).name
@@ -93,12 +107,8 @@ def test_matches_the_reference_memory_efficient_mode(name, zero_centered, dtype,
     args = _args(norm, x, gamma, beta, residual)
     cot = [RNG.standard_normal(x.shape).astype(dt) for _ in norm.forward_outputs]
     kw = {"zero_centered_gamma": zero_centered}
-    got = run_norm(cpu, norm, args, cot, memory_efficient=True, **kw)
-    want = float64_oracle(norm, args, cot, **kw).results
-    scales = {k: _size(w) for k, w in want.items()}
-    results_close(got, want, dt, scales=scales, what="oracle")
-    results_close(got, run_norm(ref, norm, args, cot, memory_efficient=True, **kw), dt,
-                  scales=scales, what="reference")
+    got, scales = _near_oracle_and_reference(norm, args, cot, dt, run_norm, float64_oracle,
+                                             results_close, **kw)
     results_close(got, run_norm(cpu, norm, args, cot, **kw), dt, scales=scales, what="default")
     *_, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True, **kw)
     assert 5 in cache.keep and (7 in cache.keep) == norm.centred
@@ -329,12 +339,35 @@ def test_hard_cases_of_the_rule(name, dtype, case, dtype_or_skip, run_norm, floa
         assert set(range(0, d, 5)) <= set(keep)
     if case == "shifted" and norm.centred:
         assert len(keep) == d
-    got = run_norm(cpu, norm, args, cot, memory_efficient=True)
-    want = float64_oracle(norm, args, cot).results
-    scales = {k: _size(w) for k, w in want.items()}
-    results_close(got, want, dt, scales=scales, what="oracle")
-    results_close(got, run_norm(ref, norm, args, cot, memory_efficient=True), dt,
-                  scales=scales, what="reference")
+    _near_oracle_and_reference(norm, args, cot, dt, run_norm, float64_oracle, results_close)
+
+
+@pytest.mark.parametrize("shifted", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
+def test_kept_channels_in_one_block_of_many(name, dtype, shifted, dtype_or_skip, run_norm,
+                                            float64_oracle, results_close):
+    """Protects sweep 1's choice, block by block, of whether to mask the kept channels' terms,
+    and the sweeps that read no shift row where the shift is 0 on every recovered channel
+    (RMSNorm, or LayerNorm with beta = 0): rows of 2600 channels (three blocks of
+    kernels.BLOCK), one channel kept, in the last block, because its scale would overflow y
+    (3e37 * sqrt(D) > largest / 2): its y is up to about 1e38, so a term of it left unmasked,
+    or masked in the wrong block, would swamp dx. 9 rows: two tiles and a leftover row."""
+    dt = dtype_or_skip(dtype)
+    norm = NORMS[name]
+    d, k = 2600, 2100
+    assert d > 2 * cpu.kernels.BLOCK and k // cpu.kernels.BLOCK == 2
+    gamma = (1 + 0.1 * RNG.standard_normal(d)).astype(dt)
+    gamma[k] = 3e37
+    beta = (0.3 * RNG.standard_normal(d) if shifted else np.zeros(d)).astype(dt)
+    if not norm.centred and shifted:
+        pytest.skip("RMSNorm has no beta")
+    x = (0.5 + RNG.standard_normal((9, d))).astype(dt)
+    args = _args(norm, x, gamma, beta)
+    cot = [RNG.standard_normal(x.shape).astype(dt)]
+    *_, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True)
+    assert cache.keep.tolist() == [k]
+    _near_oracle_and_reference(norm, args, cot, dt, run_norm, float64_oracle, results_close)
 
 
 @pytest.mark.parametrize("dtype, big", [("float32", 1e30), ("float64", 1e300)])
@@ -376,14 +409,16 @@ def test_rows_near_the_top_of_the_range(name, dtype, big, run_norm, float64_orac
 def test_a_kept_channel_whose_y_overflows():
     """Protects a kept channel whose y is inf (a scale too large for y's dtype, the rule's
     second clause): the row takes the float64 path and its gradients are those of the
-    reference's mode, with no NaN from recovering inf / inf."""
+    reference's mode, with no NaN from recovering inf / inf. dy is small enough that every
+    true gradient is finite in float16 (dx on channel 10 is about 30000 * dy * rstd)."""
     d = 64
-    x = (0.5 + RNG.standard_normal((8, d))).astype(np.float16)
+    rng = np.random.default_rng(2)
+    x = (0.5 + rng.standard_normal((8, d))).astype(np.float16)
     x[2, 10] = 40.0  # xhat near sqrt(D) = 8 on channel 10
     gamma = np.ones(d, np.float16)
     gamma[10] = 30000.0  # y = 30000 * xhat overflows float16
     beta = np.zeros(d, np.float16)
-    dy = RNG.standard_normal(x.shape).astype(np.float16)
+    dy = (rng.standard_normal(x.shape) / 64).astype(np.float16)
     y, cache = cpu.layer_norm_forward(x, gamma, beta, memory_efficient=True)
     assert np.isinf(y[2, 10]) and 10 in cache.keep
     got = cpu.layer_norm_backward(dy, cache)
@@ -521,12 +556,7 @@ def test_rows_kept_whole_match_the_reference(name, dtype, dtype_or_skip, run_nor
     mine = getattr(ref, f"{name}_forward")(*args, memory_efficient=True)[-1]
     assert cache.rows.tolist() == ([2, 8, 9, 10, 11, 21] if norm.centred else [])
     assert cache.rows.tolist() == _cache_rows(mine).tolist()
-    got = run_norm(cpu, norm, args, cot, memory_efficient=True)
-    want = float64_oracle(norm, args, cot).results
-    scales = {k: _size(w) for k, w in want.items()}
-    results_close(got, want, dt, scales=scales, what="oracle")
-    results_close(got, run_norm(ref, norm, args, cot, memory_efficient=True), dt,
-                  scales=scales, what="reference")
+    _near_oracle_and_reference(norm, args, cot, dt, run_norm, float64_oracle, results_close)
 
 
 # --- the cache, the arguments, the inputs ---------------------------------------------------

@@ -33,8 +33,10 @@ Code paths (docs/cpu-kernels.md has the reasons and the measurements):
   row, or whose T sums are not finite, goes row by row, the same additions in the same order;
 - rows whose backward T sums overflow: dx in float64 on a power-of-two scaling of dy;
 - the backward from y: the same sweeps, tiles and float64 path (``_chunks``); a tile's sweep 1
-  runs its TILE rows at once, loading each channel's scale and shift once; a tile holding a
-  row kept whole goes row by row (one comparison a tile where no row is kept);
+  runs its TILE rows at once, loading each channel's scale and shift once, and masks the kept
+  channels' terms only in the blocks that hold one; where the shift is 0 on every recovered
+  channel, no sweep reads it (``_unshifted``); a tile holding a row kept whole goes row by row
+  (one comparison a tile where no row is kept);
 - dgamma/dbeta: ``n_chunks(M)`` row chunks of float64 partials, summed in chunk order.
 
 Storage: float32 and float64 arrays are read as they are; float16 travels as its bits in a
@@ -556,7 +558,7 @@ def forward_rows(x, residual, zp, zt, gamma, beta, eps, flags, y, h, stats, chec
 # Rows of ``chan`` (4, D) T, the memory-efficient backward's per-channel values: the scale;
 # num, the shift (0 on the kept channels); den, what :func:`_recover` takes: 1 / scale in
 # float32, scale in float64 (0 and inf on the kept channels, so that xhat is 0 there); w, 1
-# with 0 on the kept channels.
+# with 0 on the kept channels, filled (and read) only in the blocks that hold kept channels.
 CH_SCALE, CH_NUM, CH_DEN, CH_W = 0, 1, 2, 3
 
 
@@ -571,14 +573,42 @@ def _centring_typed(st, k, cols):
     return lambda st, k, cols: None
 
 
+def _unshifted(cols):
+    """``cols`` of a backward from y whose shift is 0 on every channel it recovers: (chan,),
+    whose sweeps read no shift row (:func:`_span`, :func:`_num`); None stays None."""
+
+
+@overload(_unshifted, jit_options={"cache": True})
+def _unshifted_typed(cols):
+    if isinstance(cols, types.NoneType):
+        return lambda cols: None
+    return lambda cols: (cols,)
+
+
+def _shifted(me):
+    """Whether the sweeps read the shift row: ``me``'s flag (:func:`backward_y_chunks`); True
+    for the default backward, which has none (its ``cols`` is None either way)."""
+
+
+@overload(_shifted, jit_options={"cache": True})
+def _shifted_typed(me):
+    if isinstance(me, types.NoneType):
+        return lambda me: True
+    return lambda me: me[6]
+
+
 def _span(cols, j0, j1):
-    """None (``cols`` None or ()), or (num[j0:j1], den[j0:j1]) of ``cols`` = chan."""
+    """None (``cols`` None or ()); (num[j0:j1], den[j0:j1]) of ``cols`` = chan; (den[j0:j1],)
+    of ``cols`` = (chan,) (:func:`_unshifted`)."""
 
 
 @overload(_span, jit_options={"cache": True})
 def _span_typed(cols, j0, j1):
-    if isinstance(cols, (types.NoneType, types.BaseTuple)):
+    if isinstance(cols, types.NoneType) or (isinstance(cols, types.BaseTuple)
+                                            and len(cols) == 0):
         return lambda cols, j0, j1: None
+    if isinstance(cols, types.BaseTuple):
+        return lambda cols, j0, j1: (cols[0][CH_DEN, j0:j1],)
     return lambda cols, j0, j1: (cols[CH_NUM, j0:j1], cols[CH_DEN, j0:j1])
 
 
@@ -590,15 +620,51 @@ def _at(cb, j):
 def _at_typed(cb, j):
     if isinstance(cb, types.NoneType):
         return lambda cb, j: None
+    if len(cb) == 1:
+        return lambda cb, j: (cb[0][j],)
     return lambda cb, j: (cb[0][j], cb[1][j])
+
+
+def _num(ch, j0, j1):
+    """chan[CH_NUM, j0:j1] of ``ch`` = chan, None of ``ch`` = (chan,) (:func:`_unshifted`)."""
+
+
+@overload(_num, jit_options={"cache": True})
+def _num_typed(ch, j0, j1):
+    if isinstance(ch, types.BaseTuple):
+        return lambda ch, j0, j1: None
+    return lambda ch, j0, j1: ch[CH_NUM, j0:j1]
+
+
+def _n(nb, j, z):
+    """nb[j], or z where ``nb`` is None (:func:`_num`)."""
+
+
+@overload(_n, jit_options={"cache": True})
+def _n_typed(nb, j, z):
+    if isinstance(nb, types.NoneType):
+        return lambda nb, j, z: z
+    return lambda nb, j, z: nb[j]
+
+
+def _rows_of(ch):
+    """chan, of ``ch`` = chan or (chan,)."""
+
+
+@overload(_rows_of, jit_options={"cache": True})
+def _rows_of_typed(ch):
+    if isinstance(ch, types.BaseTuple):
+        return lambda ch: ch[0]
+    return lambda ch: ch
 
 
 def _recover(y, num, den, like):
     """xhat = (y - num) * den in float32, den = 1 / scale rounded once (:func:`_den`); (y -
     num) / den in float64, den = scale: T is the type of ``like``, and y is rounded to T
-    first. No test for 0 (it would stop the vectorisation): on the kept channels den is 0
-    (float32) or inf (float64), so xhat is 0 there. No fastmath flag, so LLVM folds nothing
-    into the products that use xhat.
+    first; num None means a shift of 0 (no subtraction: y - 0 is y, the same bits). No test
+    for 0 (it would stop the vectorisation): on the kept channels den is 0 (float32) or inf
+    (float64), so xhat is 0 there. No fastmath flag, so LLVM folds nothing into the products
+    that use xhat.
 
     float32 multiplies: a division in every element of sweep 2, which runs at the core's
     speed rather than memory's, was its one costly instruction. The reciprocal's rounding is
@@ -612,21 +678,28 @@ def _recover(y, num, den, like):
 
 @overload(_recover, jit_options={"cache": True})
 def _recover_typed(y, num, den, like):
+    if isinstance(num, types.NoneType):  # a shift of 0: y - 0 is y
+        if like == types.float64:
+            return lambda y, num, den, like: _to(_ld(y), like) / den
+        return lambda y, num, den, like: _to(_ld(y), like) * den
     if like == types.float64:
         return lambda y, num, den, like: (_to(_ld(y), like) - num) / den
     return lambda y, num, den, like: (_to(_ld(y), like) - num) * den
 
 
 def _xhat(x, c, cj, rc):
-    """xhat of element x: ((x - hi) - lo) * rc for c = (hi, lo) (x a row of x); (x - num) /
-    den for cj = (num, den) (x a row of y); x itself when both are None (a kept xhat, or a row
-    kept whole)."""
+    """xhat of element x: ((x - hi) - lo) * rc for c = (hi, lo) (x a row of x); recovered
+    from y (x a row of y) for cj = (num, den), or (den,) where the shift is 0
+    (:func:`_recover` with num = 0: y - 0 is y); x itself when both are None (a kept xhat, or
+    a row kept whole)."""
 
 
 @overload(_xhat, jit_options={"cache": True})
 def _xhat_typed(x, c, cj, rc):
     if not isinstance(c, types.NoneType):
         return lambda x, c, cj, rc: ((_ld(x) - c[0]) - c[1]) * rc
+    if isinstance(cj, types.BaseTuple) and len(cj) == 1:
+        return lambda x, c, cj, rc: _recover(x, None, cj[0], rc)
     if not isinstance(cj, types.NoneType):
         return lambda x, c, cj, rc: _recover(x, cj[0], cj[1], rc)
     return lambda x, c, cj, rc: x
@@ -848,44 +921,58 @@ def _recovered_row(yr, chan, keep, kr, z):
     return xs
 
 
+def _less(v, nb, j):
+    """v - nb[j], or v itself where ``nb`` is None (a shift of 0, :func:`_num`)."""
+
+
+@overload(_less, inline="always", jit_options={"cache": True})
+def _less_typed(v, nb, j):
+    if isinstance(nb, types.NoneType):
+        return lambda v, nb, j: v
+    return lambda v, nb, j: v - nb[j]
+
+
 @njit(inline="always", cache=True)
-def _terms(d, dw, g, yv, n, z):
-    """One element's terms of sweep 1 from y: (dy * scale, dy * (y - shift)), the second with
-    dy times w where some channels are kept (dw = dy * w, else dy) (:func:`_sum_grad_y`)."""
-    return d * g, dw * (_to(_ld(yv), z) - n)
+def _terms(d, dw, g, yv, nb, j, z):
+    """One element's terms of sweep 1 from y: (dy * scale, dy * (y - shift_j)), the second
+    with dy times w in a block holding kept channels (dw = dy * w, else dy), shift_j from
+    ``nb`` (:func:`_less`) (:func:`_sum_grad_y`)."""
+    return d * g, dw * _less(_to(_ld(yv), z), nb, j)
 
 
 @njit(fastmath={"reassoc"}, cache=True)
-def _sum_grad_y(yr, dyr, chan, masked, z):
+def _sum_grad_y(yr, dyr, ch, blocks, z):
     """(sum_j u_j, sum_j u_j * xhat_j) of a row of y over the recovered channels, u = dy *
-    scale (yr, dyr: (D,); chan: (4, D) T).
+    scale (yr, dyr: (D,); ch: chan (4, D) T, or (chan,) where the shift is 0, whose sweep
+    reads no shift row, :func:`_unshifted`).
 
     There u_j * xhat_j = dy_j * (y_j - shift_j): the same number without the division and the
-    product by scale (two roundings fewer). With ``masked`` (there are kept channels) the
-    terms are multiplied by w, so the kept channels add 0 (their terms are the caller's), or
-    NaN where y overflowed there: the row then takes the float64 path (sweep 2 would divide
-    inf by inf).
+    product by scale (two roundings fewer). In the blocks that hold kept channels (``blocks``
+    (ceil(D / BLOCK),) bool) the terms are multiplied by w, so the kept channels add 0 (their
+    terms are the caller's), or NaN where y overflowed there: the row then takes the float64
+    path (sweep 2 would divide inf by inf). The other blocks read no w.
     """
+    chan = _rows_of(ch)
     s1 = 0.0
     s2 = 0.0
     for j0 in range(0, yr.shape[0], BLOCK):
         yb = yr[j0:j0 + BLOCK]  # (<= BLOCK,)
         db = dyr[j0:j0 + BLOCK]
         gb = chan[CH_SCALE, j0:j0 + BLOCK]
-        nb = chan[CH_NUM, j0:j0 + BLOCK]
-        wb = chan[CH_W, j0:j0 + BLOCK]
+        nb = _num(ch, j0, j0 + BLOCK)
         b1 = z
         b2 = z
-        if masked:
+        if blocks[j0 // BLOCK]:
+            wb = chan[CH_W, j0:j0 + BLOCK]
             for j in range(yb.shape[0]):
                 d = _ld(db[j])
-                t1, t2 = _terms(d, d * wb[j], gb[j], yb[j], nb[j], z)
+                t1, t2 = _terms(d, d * wb[j], gb[j], yb[j], nb, j, z)
                 b1 += t1
                 b2 += t2
         else:
             for j in range(yb.shape[0]):
                 d = _ld(db[j])
-                t1, t2 = _terms(d, d, gb[j], yb[j], nb[j], z)
+                t1, t2 = _terms(d, d, gb[j], yb[j], nb, j, z)
                 b1 += t1
                 b2 += t2
         s1 += b1
@@ -894,38 +981,39 @@ def _sum_grad_y(yr, dyr, chan, masked, z):
 
 
 @njit(fastmath={"reassoc"}, cache=True)
-def _sum_grad_y_tile(yt, dyt, chan, masked, z):
+def _sum_grad_y_tile(yt, dyt, ch, blocks, z):
     """:func:`_sum_grad_y` of TILE rows at once (yt, dyt: (TILE, D)): (su, sut) of rows 0, 1,
     2, 3, in one sweep that loads each channel's values once for the TILE rows (for long
     rows, reading them once a row took sweep 1 out of L1). Each row's sums are its own; their
     blocks are those of :func:`_sum_grad_y`, their order within a block LLVM's."""
+    chan = _rows_of(ch)
     a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = 0.0
     for j0 in range(0, yt.shape[1], BLOCK):
         j1 = min(yt.shape[1], j0 + BLOCK)
         y0, y1, y2, y3 = yt[0, j0:j1], yt[1, j0:j1], yt[2, j0:j1], yt[3, j0:j1]  # (<= BLOCK,)
         d0, d1, d2, d3 = dyt[0, j0:j1], dyt[1, j0:j1], dyt[2, j0:j1], dyt[3, j0:j1]
         gb = chan[CH_SCALE, j0:j1]
-        nb = chan[CH_NUM, j0:j1]
-        wb = chan[CH_W, j0:j1]
+        nb = _num(ch, j0, j1)
         p0 = p1 = p2 = p3 = q0 = q1 = q2 = q3 = z
-        if masked:
+        if blocks[j0 // BLOCK]:
+            wb = chan[CH_W, j0:j1]
             for j in range(y0.shape[0]):
-                g, n, w = gb[j], nb[j], wb[j]
+                g, w = gb[j], wb[j]
                 e0, e1, e2, e3 = _ld(d0[j]), _ld(d1[j]), _ld(d2[j]), _ld(d3[j])
-                t0, u0 = _terms(e0, e0 * w, g, y0[j], n, z)
-                t1, u1 = _terms(e1, e1 * w, g, y1[j], n, z)
-                t2, u2 = _terms(e2, e2 * w, g, y2[j], n, z)
-                t3, u3 = _terms(e3, e3 * w, g, y3[j], n, z)
+                t0, u0 = _terms(e0, e0 * w, g, y0[j], nb, j, z)
+                t1, u1 = _terms(e1, e1 * w, g, y1[j], nb, j, z)
+                t2, u2 = _terms(e2, e2 * w, g, y2[j], nb, j, z)
+                t3, u3 = _terms(e3, e3 * w, g, y3[j], nb, j, z)
                 p0, p1, p2, p3 = p0 + t0, p1 + t1, p2 + t2, p3 + t3
                 q0, q1, q2, q3 = q0 + u0, q1 + u1, q2 + u2, q3 + u3
         else:
             for j in range(y0.shape[0]):
-                g, n = gb[j], nb[j]
+                g = gb[j]
                 e0, e1, e2, e3 = _ld(d0[j]), _ld(d1[j]), _ld(d2[j]), _ld(d3[j])
-                t0, u0 = _terms(e0, e0, g, y0[j], n, z)
-                t1, u1 = _terms(e1, e1, g, y1[j], n, z)
-                t2, u2 = _terms(e2, e2, g, y2[j], n, z)
-                t3, u3 = _terms(e3, e3, g, y3[j], n, z)
+                t0, u0 = _terms(e0, e0, g, y0[j], nb, j, z)
+                t1, u1 = _terms(e1, e1, g, y1[j], nb, j, z)
+                t2, u2 = _terms(e2, e2, g, y2[j], nb, j, z)
+                t3, u3 = _terms(e3, e3, g, y3[j], nb, j, z)
                 p0, p1, p2, p3 = p0 + t0, p1 + t1, p2 + t2, p3 + t3
                 q0, q1, q2, q3 = q0 + u0, q1 + u1, q2 + u2, q3 + u3
         a0, a1, a2, a3 = a0 + p0, a1 + p1, a2 + p2, a3 + p3
@@ -968,11 +1056,13 @@ def _row_sums_typed(src, dy, scale, me, stats, check, centred, i, st, k, pre):
             same = not verify or ck == check[i]
             mgx = _to(r * (sut - lo * su) / D, z)
         else:
-            chan, keep, kept, _, _ = me
+            chan, keep, kept, blocks = me[0], me[1], me[2], me[5]
             if formed:
                 su, sut = pre
+            elif me[6]:
+                su, sut = _sum_grad_y(src[i], dy[i], chan, blocks, z)
             else:
-                su, sut = _sum_grad_y(src[i], dy[i], chan, keep.shape[0] > 0, z)
+                su, sut = _sum_grad_y(src[i], dy[i], (chan,), blocks, z)
             for q in range(keep.shape[0]):  # the kept channels' terms, indexed: no views
                 j = keep[q]
                 sut += (_ld(dy[i, j]) * scale[j]) * kept[i, q]
@@ -1008,8 +1098,11 @@ def _tile_sums_typed(src, dy, scale, me, stats, check, centred, i, st):
         return from_x
 
     def from_y(src, dy, scale, me, stats, check, centred, i, st):
-        sums = _sum_grad_y_tile(src[i:i + TILE], dy[i:i + TILE], me[0], me[1].shape[0] > 0,
-                                scale.dtype.type(0))
+        z = scale.dtype.type(0)
+        if me[6]:
+            sums = _sum_grad_y_tile(src[i:i + TILE], dy[i:i + TILE], me[0], me[5], z)
+        else:
+            sums = _sum_grad_y_tile(src[i:i + TILE], dy[i:i + TILE], (me[0],), me[5], z)
         fast = True
         for k in range(TILE):
             row_fast, _ = _row_sums(src, dy, scale, me, stats, check, centred, i + k, st, k,
@@ -1099,8 +1192,12 @@ def _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx, dres, p
     drr = dres[i]  # (D,), or (0,) without a separate dresidual
     s = stats[i]
     if fast:
-        _write_dx(src[i], dy[i], dhr, zp, scale, st, k, _cols(me), dx[i], drr, pg, pb,
-                  src[nxt], dy[nxt])
+        if _shifted(me):
+            _write_dx(src[i], dy[i], dhr, zp, scale, st, k, _cols(me), dx[i], drr, pg, pb,
+                      src[nxt], dy[nxt])
+        else:
+            _write_dx(src[i], dy[i], dhr, zp, scale, st, k, _unshifted(_cols(me)), dx[i], drr,
+                      pg, pb, src[nxt], dy[nxt])
         if me is not None:
             if me[1].shape[0] > 0:
                 _write_kept(dy, dh, zp, scale, me[1], me[2], st, k, dx, dres, pg, i)
@@ -1108,7 +1205,7 @@ def _backward_row(src, dy, dh, zp, scale, me, stats, check, centred, dx, dres, p
         _backward_row_f64(_scaled_row(src[i], s[SCALE]), s[HI], s[LO], s[RSTD], dy[i], dhr,
                           scale, s, centred, dx[i], drr, pg, pb)
     else:
-        chan, keep, kept, _, _ = me
+        chan, keep, kept = me[0], me[1], me[2]
         xs = _recovered_row(src[i], chan, keep, kept[i], scale.dtype.type(0))
         _backward_row_f64(xs, 0.0, 0.0, 1.0, dy[i], dhr, scale, s, centred, dx[i], drr, pg,
                           pb)
@@ -1127,6 +1224,7 @@ def _chunks(src, dy, dh, zp, scale, me, stats, check, flags, dx, dres, partial, 
     owner = np.empty((TILE, NSWEEP), scale.dtype)
     st = _unmanaged(owner)  # per row: the values sweep 2 reads
     cols = _cols(me)
+    shifted = _shifted(me)
     rows = _whole_rows(me)  # (r,) ascending: the rows kept whole (none for the default)
     for c in range(c0, c1):
         pg = partial[c, 0]  # (D,) float64
@@ -1142,8 +1240,13 @@ def _chunks(src, dy, dh, zp, scale, me, stats, check, flags, dx, dres, partial, 
             fast = i + TILE <= whole and _tile_sums(src, dy, scale, me, stats, check, centred,
                                                     i, st)
             if fast:
-                _write_dx_tile(src[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], zp, scale, st,
-                               cols, dx[i:i + TILE], dres[i:i + TILE], pg, pb)
+                if shifted:
+                    _write_dx_tile(src[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], zp, scale,
+                                   st, cols, dx[i:i + TILE], dres[i:i + TILE], pg, pb)
+                else:
+                    _write_dx_tile(src[i:i + TILE], dy[i:i + TILE], dh[i:i + TILE], zp, scale,
+                                   st, _unshifted(cols), dx[i:i + TILE], dres[i:i + TILE], pg,
+                                   pb)
                 if me is not None:
                     if me[1].shape[0] > 0:
                         for k in range(TILE):
@@ -1249,28 +1352,39 @@ def backward_y_chunks(y, dy, dh, zp, scale, shift, keep, kept, rows, xrows, stat
     forward's; the rest as for :func:`backward_chunks`. xhat = (y - shift) / scale on the
     other channels, in T; rstd = RSTD * SCALE (rows with SCALE != 1, or whose T sums are not
     finite, take the float64 path, as in the default). The sweeps see ``me`` = (chan, keep,
-    kept, rows, xrows), chan the per-channel rows named by :data:`CH_SCALE` and the names
-    beside it; sweep 2 computes xhat = 0 on the kept channels, whose dx and dgamma terms are
-    then written from ``kept`` (:func:`_write_kept`); a row kept whole reads xrows instead of
-    y (:func:`_backward_whole_row`), in the same row order.
+    kept, rows, xrows, blocks, shifted): chan the per-channel rows named by :data:`CH_SCALE`
+    and the names beside it (w filled only in the blocks that hold kept channels); blocks
+    (ceil(D / BLOCK),) bool, those blocks; shifted, whether the shift is non-zero on a
+    recovered channel (else the sweeps read no shift row, :func:`_unshifted`). Sweep 2
+    computes xhat = 0 on the kept channels, whose dx and dgamma terms are then written from
+    ``kept`` (:func:`_write_kept`); a row kept whole reads xrows instead of y
+    (:func:`_backward_whole_row`), in the same row order.
     """
     D = scale.shape[0]
     owner = np.empty((4, D), scale.dtype)
     chan = _unmanaged(owner)
     chan[CH_SCALE] = scale
     chan[CH_NUM] = shift
-    chan[CH_W] = 1.0
     z = scale.dtype.type(0)
     for j in range(D):
         chan[CH_DEN, j] = _den(scale[j])
+    blocks = np.zeros((D + BLOCK - 1) // BLOCK, np.bool_)
     for q in range(keep.shape[0]):
-        chan[CH_NUM, keep[q]] = 0.0
-        chan[CH_DEN, keep[q]] = _den(z)
-        chan[CH_W, keep[q]] = 0.0
+        j = keep[q]
+        if not blocks[j // BLOCK]:  # w is read only in the blocks that hold kept channels
+            blocks[j // BLOCK] = True
+            chan[CH_W, j - j % BLOCK:j - j % BLOCK + BLOCK] = 1.0
+        chan[CH_NUM, j] = 0.0
+        chan[CH_DEN, j] = _den(z)
+        chan[CH_W, j] = 0.0
+    shifted = 0  # channels recovered with a non-zero shift: where none, no sweep reads num
+    for j in range(D):
+        shifted += chan[CH_NUM, j] != 0
     # both sweeps read the scale from chan: one copy of it in cache, not two (for long rows
     # the per-channel rows are a large part of what a tile's sweeps keep in cache)
-    _chunks(y, dy, dh, zp, chan[CH_SCALE], (chan, keep, kept, rows, xrows), stats,
-            np.empty(0, np.uint64), flags, dx, dres, partial, np.empty(0, np.bool_), c0, c1)
+    _chunks(y, dy, dh, zp, chan[CH_SCALE], (chan, keep, kept, rows, xrows, blocks, shifted > 0),
+            stats, np.empty(0, np.uint64), flags, dx, dres, partial, np.empty(0, np.bool_), c0,
+            c1)
     _alive(owner)
 
 
