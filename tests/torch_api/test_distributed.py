@@ -504,3 +504,40 @@ dist.destroy_process_group()
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=False)
     assert res.returncode == 0, res.stderr
+
+
+def test_memory_efficient_refuses_dtensor_inputs(tmp_path):
+    """Protects the memory-efficient mode's refusal of DTensor inputs (its op has no sharding
+    strategy: the kept channels and rows are data-dependent sizes): where a gradient is needed
+    it raises a ValueError naming the argument and the default mode before any work, instead
+    of DTensor's propagation error; under torch.no_grad, where the mode changes nothing, it
+    runs; and the default mode runs on the same DTensor (here on a 1-process mesh)."""
+    _need("torch.distributed.tensor.experimental", "register_sharding")
+    code = f"""
+import torch
+import torch.distributed as dist
+import torch.distributed.tensor
+import layernorm.torch as lt
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+x = distribute_tensor(torch.randn(4, 8), mesh, [Shard(0)]).requires_grad_()
+w = distribute_tensor(torch.randn(8), mesh, [Replicate()]).requires_grad_()
+try:
+    lt.rms_norm(x, 8, w, memory_efficient=True)
+except ValueError as exc:
+    assert "memory_efficient=True does not support DTensor inputs (input is a DTensor)" in str(exc)
+    assert "memory_efficient=False" in str(exc)
+else:
+    raise AssertionError("no ValueError")
+with torch.no_grad():
+    assert lt.rms_norm(x, 8, w, memory_efficient=True).placements == (Shard(0),)
+lt.rms_norm(x, 8, w).sum().backward()
+assert x.grad is not None and w.grad is not None
+dist.destroy_process_group()
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=False)
+    assert res.returncode == 0, res.stderr

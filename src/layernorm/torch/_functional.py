@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -248,6 +249,21 @@ def _standard(centred: bool, x: Tensor, residual: Tensor | None, shape: tuple[in
     return _to(y, x.dtype), h
 
 
+def _refuse_dtensors(x_name: str, x: Tensor, residual: Tensor | None, weight: Tensor | None,
+                     bias: Tensor | None) -> None:
+    """ValueError naming the first DTensor among the arguments: the memory-efficient op has no
+    sharding strategy (which channels and rows it keeps are data-dependent sizes, which
+    DTensor's propagation cannot shape). No DTensor exists before DTensor is imported."""
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    if dtensor is None:
+        return
+    for name, t in ((x_name, x), ("residual", residual), ("weight", weight), ("bias", bias)):
+        if isinstance(t, dtensor):
+            raise ValueError(f"layernorm: memory_efficient=True does not support DTensor "
+                             f"inputs ({name} is a DTensor); use memory_efficient=False, "
+                             f"whose ops DTensor shards by rows")
+
+
 def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
           weight: object, bias: object, eps: object, zero_centered_gamma: object,
           residual_dtype: object, memory_efficient: object, x_name: str,
@@ -292,6 +308,7 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
             or (weight is not None and weight.requires_grad)
             or (bias is not None and bias.requires_grad))):
         if me and not tracing and not _is_exporting():  # autograd keeps y instead of x or h
+            _refuse_dtensors(x_name, x, residual, weight, bias)
             y, h, *_kept = fwd_y(x2, r2, weight, bias, eps, centred, zero_centered_gamma,
                                  h_dtype)
         else:
