@@ -367,60 +367,85 @@ std::tuple<Tensor, Tensor> norm_cpu(const Tensor& x, const OptTensor& residual,
   return {y, h};
 }
 
+// What the two backwards' kernels share, for one call on row chunks [c0, c1): dy and dh in
+// their compute dtypes, dx and dresidual, the float64 partials (c, 2, D), and the sizes.
+struct Chunks {
+  const void* dy;
+  const void* dh;
+  void* dx;
+  void* dr;
+  double* partial;
+  int64_t m, d, dhc, drc, c;
+};
+
+// The two backwards after their own checks: dx (and dresidual, when residual_dtype is given)
+// allocated, dy and dh in their compute dtypes, the kernel `kind` (whose first storage, role
+// `src_role`, is src's dtype) run by `call(kernel, chunks, c0, c1)` on the row chunks over the
+// threads, the partials reduced in chunk order, and dweight, dbias in the parameters' dtypes.
+// d: the row length (check_backward's).
+template <typename Call>
+std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(
+    const Tensor& src, const char* src_role, int64_t d, const Tensor& dy, const OptTensor& dh,
+    const OptTensor& weight, const OptTensor& bias, ScalarType cdt, ScalarType dxdt,
+    std::optional<ScalarType> residual_dtype, const char* kind, const Call& call) {
+  const int64_t m = src.numel() / d;
+  const bool add = residual_dtype.has_value();
+  const Tensor dyc = in_dtype(dy, cdt);
+  Tensor dx = output(src.sizes(), src.options().dtype(dxdt));
+  Tensor dres = at::empty({0}, src.options());
+  // dh joins dx in the widest of the dtypes involved; dresidual, when asked for, is a second
+  // copy of the same sum in its own dtype
+  const ScalarType adt = widest(dxdt, residual_dtype.value_or(dxdt), cdt);
+  if (add) dres = output(src.sizes(), src.options().dtype(*residual_dtype));
+  const bool with_dh = dh.has_value();
+  const Tensor dhc = with_dh ? in_dtype(*dh, adt) : Tensor();
+  const int64_t c = n_chunks(m);
+  Tensor partial = at::empty({c, 2, d}, src.options().dtype(at::kDouble));
+  void* fn = kernel(kind, {src_role, "dy", "dh", "dx", "dr", "t", "a"},
+                    {src.scalar_type(), dyc.scalar_type(), with_dh ? dhc.scalar_type() : kNone,
+                     dxdt, add ? *residual_dtype : kNone, cdt, adt});
+  auto reduce = reinterpret_cast<ReduceFn>(kernel("reduce", {}, {}));
+  Tensor sums = at::zeros({2, d}, src.options().dtype(at::kDouble));
+  if (m > 0) {
+    const Chunks chunks{dyc.const_data_ptr(), with_dh ? dhc.const_data_ptr() : nullptr,
+                        dx.mutable_data_ptr(), add ? dres.mutable_data_ptr() : nullptr,
+                        partial.mutable_data_ptr<double>(), m, d, with_dh ? d : 0,
+                        add ? d : 0, c};
+    // one chunk a task; all on the calling thread when the call is small
+    const int64_t chunk_grain = m * d < g_config.serial_elements ? c : 1;
+    at::parallel_for(0, c, chunk_grain,
+                     [&](int64_t c0, int64_t c1) { call(fn, chunks, c0, c1); });
+    reduce(chunks.partial, sums.mutable_data_ptr<double>(), c, d);
+  }
+  // copies: a custom op's outputs never share memory
+  Tensor dw = weight.has_value() ? sums[0].to(weight->scalar_type(), false, true)
+                                 : at::empty({0}, src.options());
+  Tensor db = bias.has_value() ? sums[1].to(bias->scalar_type(), false, true)
+                               : at::empty({0}, src.options());
+  return {dx, dres, dw, db};
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
     const Tensor& dy, const OptTensor& dh, const Tensor& xn, const OptTensor& weight,
     const OptTensor& bias, const Tensor& stats0, const Tensor& stats1, bool centred,
     bool zero_centered_gamma, std::optional<ScalarType> x_dtype,
     std::optional<ScalarType> residual_dtype) {
   const int64_t d = check_backward(dy, dh, xn, "xn", weight, bias, stats0);
-  const int64_t m = xn.numel() / d;
-  const ScalarType ndt = xn.scalar_type(), cdt = compute(ndt);
-  const ScalarType dxdt = x_dtype.value_or(ndt);
-  const bool add = residual_dtype.has_value();
+  const ScalarType ndt = xn.scalar_type();
   const Tensor xc = xn.contiguous();
   const Tensor stats = stats0.contiguous();
+  const ScalarType cdt = compute(ndt);
   const Tensor scale = scale_of(weight, d, cdt, zero_centered_gamma);
-  const Tensor dyc = in_dtype(dy, cdt);
-  Tensor dx = output(xn.sizes(), xn.options().dtype(dxdt));
-  Tensor dres = at::empty({0}, xn.options());
-  // dh joins dx in the widest of the dtypes involved; dresidual, when asked for, is a second
-  // copy of the same sum in its own dtype
-  const ScalarType adt = widest(dxdt, residual_dtype.value_or(dxdt), cdt);
-  if (add) dres = output(xn.sizes(), xn.options().dtype(*residual_dtype));
-  const bool with_dh = dh.has_value();
-  const Tensor dhc = with_dh ? in_dtype(*dh, adt) : Tensor();
-  const int64_t c = n_chunks(m);
-  Tensor partial = at::empty({c, 2, d}, xn.options().dtype(at::kDouble));
-  auto fn = reinterpret_cast<BackwardFn>(
-      kernel("backward", {"x", "dy", "dh", "dx", "dr", "t", "a"},
-             {ndt, dyc.scalar_type(), with_dh ? dhc.scalar_type() : kNone, dxdt,
-              add ? *residual_dtype : kNone, cdt, adt}));
-  auto reduce = reinterpret_cast<ReduceFn>(kernel("reduce", {}, {}));
-  Tensor sums = at::zeros({2, d}, xn.options().dtype(at::kDouble));
-  if (m > 0) {
-    const void* xp = xc.const_data_ptr();
-    const void* dyp = dyc.const_data_ptr();
-    const void* dhp = with_dh ? dhc.const_data_ptr() : nullptr;
-    void* dxp = dx.mutable_data_ptr();
-    void* drp = add ? dres.mutable_data_ptr() : nullptr;
-    const void* sp = scale.const_data_ptr();
-    const double* stp = stats.const_data_ptr<double>();
-    double* pp = partial.mutable_data_ptr<double>();
-    const int64_t flags = centred ? g_config.centred : 0;
-    // one chunk a task; all on the calling thread when the call is small
-    const int64_t chunk_grain = m * d < g_config.serial_elements ? c : 1;
-    at::parallel_for(0, c, chunk_grain, [&](int64_t c0, int64_t c1) {
-      fn(xp, dyp, dhp, dxp, drp, nullptr, sp, stp, nullptr, flags, pp, nullptr, m, d,
-         with_dh ? d : 0, add ? d : 0, 0, c, c0, c1);
-    });
-    reduce(pp, sums.mutable_data_ptr<double>(), c, d);
-  }
-  // copies: a custom op's outputs never share memory
-  Tensor dw = weight.has_value() ? sums[0].to(weight->scalar_type(), false, true)
-                                 : at::empty({0}, xn.options());
-  Tensor db = bias.has_value() ? sums[1].to(bias->scalar_type(), false, true)
-                               : at::empty({0}, xn.options());
-  return {dx, dres, dw, db};
+  const void* xp = xc.const_data_ptr();
+  const void* sp = scale.const_data_ptr();
+  const double* stp = stats.const_data_ptr<double>();
+  const int64_t flags = centred ? g_config.centred : 0;
+  return run_backward(xn, "x", d, dy, dh, weight, bias, cdt, x_dtype.value_or(ndt),
+                      residual_dtype, "backward", [&](void* kernel_fn, const Chunks& a, int64_t c0, int64_t c1) {
+                        reinterpret_cast<BackwardFn>(kernel_fn)(
+                            xp, a.dy, a.dh, a.dx, a.dr, nullptr, sp, stp, nullptr, flags,
+                            a.partial, nullptr, a.m, a.d, a.dhc, a.drc, 0, a.c, c0, c1);
+                      });
 }
 
 // --- the memory-efficient pair -----------------------------------------------------------
@@ -625,9 +650,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
   check_ascending(keepc, d, "keep", "channels");
   const Tensor rowsc = rows.contiguous();
   check_ascending(rowsc, m, "rows", "rows");
-  const ScalarType ydt = y.scalar_type();
-  const ScalarType dxdt = x_dtype.value_or(ydt);
-  const bool add = residual_dtype.has_value();
   const Tensor yc = y.contiguous();
   const Tensor stats = stats0.contiguous();
   const Tensor keptc = kept.contiguous();
@@ -636,48 +658,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
   // the kernel reads the shift in T, as the scale (a half bias is widened here)
   const Tensor shift = bias.has_value() ? bias->to(cdt).contiguous()
                                         : at::zeros({d}, y.options().dtype(cdt));
-  const Tensor dyc = in_dtype(dy, cdt);
-  Tensor dx = output(y.sizes(), y.options().dtype(dxdt));
-  Tensor dres = at::empty({0}, y.options());
-  const ScalarType adt = widest(dxdt, residual_dtype.value_or(dxdt), cdt);  // as bwd_cpu
-  if (add) dres = output(y.sizes(), y.options().dtype(*residual_dtype));
-  const bool with_dh = dh.has_value();
-  const Tensor dhc = with_dh ? in_dtype(*dh, adt) : Tensor();
-  const int64_t c = n_chunks(m);
-  Tensor partial = at::empty({c, 2, d}, y.options().dtype(at::kDouble));
-  auto fn = reinterpret_cast<BackwardYFn>(
-      kernel("backward_y", {"y", "dy", "dh", "dx", "dr", "t", "a"},
-             {ydt, dyc.scalar_type(), with_dh ? dhc.scalar_type() : kNone, dxdt,
-              add ? *residual_dtype : kNone, cdt, adt}));
-  auto reduce = reinterpret_cast<ReduceFn>(kernel("reduce", {}, {}));
-  Tensor sums = at::zeros({2, d}, y.options().dtype(at::kDouble));
-  if (m > 0) {
-    const void* yp = yc.const_data_ptr();
-    const void* dyp = dyc.const_data_ptr();
-    const void* dhp = with_dh ? dhc.const_data_ptr() : nullptr;
-    void* dxp = dx.mutable_data_ptr();
-    void* drp = add ? dres.mutable_data_ptr() : nullptr;
-    const void* sp = scale.const_data_ptr();
-    const void* bp = shift.const_data_ptr();
-    const int64_t* kp = k > 0 ? keepc.const_data_ptr<int64_t>() : nullptr;
-    const void* kdp = k > 0 ? keptc.const_data_ptr() : nullptr;
-    const int64_t* rp = r > 0 ? rowsc.const_data_ptr<int64_t>() : nullptr;
-    const void* xrp = r > 0 ? xrowsc.const_data_ptr() : nullptr;
-    const double* stp = stats.const_data_ptr<double>();
-    double* pp = partial.mutable_data_ptr<double>();
-    const int64_t flags = centred ? g_config.centred : 0;
-    const int64_t chunk_grain = m * d < g_config.serial_elements ? c : 1;
-    at::parallel_for(0, c, chunk_grain, [&](int64_t c0, int64_t c1) {
-      fn(yp, dyp, dhp, dxp, drp, nullptr, sp, bp, kp, kdp, rp, xrp, stp, flags, pp, m, d,
-         with_dh ? d : 0, add ? d : 0, k, r, c, c0, c1);
-    });
-    reduce(pp, sums.mutable_data_ptr<double>(), c, d);
-  }
-  Tensor dw = weight.has_value() ? sums[0].to(weight->scalar_type(), false, true)
-                                 : at::empty({0}, y.options());
-  Tensor db = bias.has_value() ? sums[1].to(bias->scalar_type(), false, true)
-                               : at::empty({0}, y.options());
-  return {dx, dres, dw, db};
+  const void* yp = yc.const_data_ptr();
+  const void* sp = scale.const_data_ptr();
+  const void* bp = shift.const_data_ptr();
+  const int64_t* kp = k > 0 ? keepc.const_data_ptr<int64_t>() : nullptr;
+  const void* kdp = k > 0 ? keptc.const_data_ptr() : nullptr;
+  const int64_t* rp = r > 0 ? rowsc.const_data_ptr<int64_t>() : nullptr;
+  const void* xrp = r > 0 ? xrowsc.const_data_ptr() : nullptr;
+  const double* stp = stats.const_data_ptr<double>();
+  const int64_t flags = centred ? g_config.centred : 0;
+  return run_backward(y, "y", d, dy, dh, weight, bias, cdt, x_dtype.value_or(y.scalar_type()),
+                      residual_dtype, "backward_y",
+                      [&](void* kernel_fn, const Chunks& a, int64_t c0, int64_t c1) {
+                        reinterpret_cast<BackwardYFn>(kernel_fn)(
+                            yp, a.dy, a.dh, a.dx, a.dr, nullptr, sp, bp, kp, kdp, rp, xrp, stp,
+                            flags, a.partial, a.m, a.d, a.dhc, a.drc, k, r, a.c, c0, c1);
+                      });
 }
 
 // --- autograd ------------------------------------------------------------------------------
