@@ -8,8 +8,9 @@ kernels.backward) are called on meta tensors of typical shapes (M = 4096 rows; D
 past the long-row limits) with the kernels' launches captured, and each captured launch goes
 through Triton's own launch-time specialization (the JIT's binder: 16-byte-aligned pointers
 and integers divisible by 16 get ``tt.divisibility`` = 16, integers equal to 1 become
-constants) before it is compiled for sm_<sm>; :func:`cases` lists the shapes. Identical
-specializations are compiled once.
+constants) before it is compiled for sm_<sm>; :func:`cases` lists the shapes, and
+:func:`cases_from_y` those of the memory-efficient backward (``kernels.backward_from_y``).
+Identical specializations are compiled once.
 
 Triton ships ptxas and cuobjdump, so this needs only the triton wheel. It must run without
 TRITON_INTERPRET (the interpreter's kernels cannot be compiled); tests/gpu/test_gpu_compile.py
@@ -63,13 +64,24 @@ def cases() -> list[tuple[str, str, int]]:
     return out
 
 
+def cases_from_y() -> list[tuple[str, str, int]]:
+    """(norm, dtype, D) of the memory-efficient backward's launches compiled (with kept
+    channels and rows kept whole, its heaviest variant): LayerNorm and its add-norm, whose
+    recovery subtracts the shift, in bfloat16 and float32 at the backward's largest short tile
+    and on a long row."""
+    return [(norm, dtype, D) for dtype in ("bf16", "fp32") for norm in ("layer_norm",
+                                                                        "add_layer_norm")
+            for D in (K.MAX_SHORT_D_BWD, 2 * K.MAX_SHORT_D_FWD)]
+
+
 def _tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def captured_launches(norm: str, dtype: str, D: int) -> list[tuple]:
+def captured_launches(norm: str, dtype: str, D: int, from_y: bool = False) -> list[tuple]:
     """(kernel, args, kwargs) of each launch the launchers make for ``norm`` on (M, D) ``dtype``
-    meta tensors: forward, then backward with the forward's outputs."""
+    meta tensors: forward, then backward with the forward's outputs; with ``from_y``, only the
+    memory-efficient backward's, with one kept channel and one row kept whole."""
     n = NORMS[norm]
     dt = DTYPES[dtype]
     x = _tensor((M, D), dt)
@@ -87,11 +99,22 @@ def captured_launches(norm: str, dtype: str, D: int) -> list[tuple]:
     for k in KERNELS:
         k.run = capture(k)  # kernel[grid](...) calls self.run
     try:
-        _y, h, mean, rstd = K.forward(x, residual, weight, bias, 1e-5, centred=n.centred)
+        y, h, mean, rstd = K.forward(x, residual, weight, bias, 1e-5, centred=n.centred)
         xn = h if n.residual else x
         dh = _tensor((M, D), dt) if n.residual else None
-        K.backward(_tensor((M, D), dt), dh, xn, weight, bias, mean, rstd, centred=n.centred,
-                   x_dtype=dt if n.residual else None, residual_dtype=dt if n.residual else None)
+        residual_dtype = dt if n.residual else None
+        if from_y:
+            del launches[:]  # the forward's, compiled with the default mode's cases
+            one = _tensor((1,), torch.int64)
+            K.backward_from_y(_tensor((M, D), dt), dh, y, weight, bias, rstd, one,
+                              _tensor((M, 1), rstd.dtype), centred=n.centred,
+                              x_dtype=dt if n.residual else None,
+                              residual_dtype=residual_dtype, rows=one,
+                              xhat_rows=_tensor((1, D), rstd.dtype))
+        else:
+            K.backward(_tensor((M, D), dt), dh, xn, weight, bias, mean, rstd,
+                       centred=n.centred, x_dtype=dt if n.residual else None,
+                       residual_dtype=residual_dtype)
     finally:
         for k, run in saved.items():
             if run is None:
@@ -108,6 +131,10 @@ def launches() -> list[tuple[str, tuple, dict]]:
     for norm, dtype, D in cases():
         for kernel, args, kwargs in captured_launches(norm, dtype, D):
             out.append((f"{KERNELS[kernel]} {norm} D={D}", (kernel, args, kwargs), dtype))
+    for norm, dtype, D in cases_from_y():
+        for kernel, args, kwargs in captured_launches(norm, dtype, D, from_y=True):
+            out.append((f"{KERNELS[kernel]} {norm} D={D} from y", (kernel, args, kwargs),
+                        dtype))
     return out
 
 
@@ -190,7 +217,7 @@ def main(argv: list[str]) -> int:
         print(f"sm_{sm}: registers, stack (spills), spill instructions in loops and shared "
               f"memory per thread block")
         for r in rows:
-            print(f"{r['kernel']:<46} {r['dtype']:<5} warps {r['num_warps']:>2}  reg {r['reg']:>3}"
+            print(f"{r['kernel']:<56} {r['dtype']:<5} warps {r['num_warps']:>2}  reg {r['reg']:>3}"
                   f"  stack {r['stack']:>4}  in loops {r['loop_spills']:>2}  local {r['local']:>3}"
                   f"  shared {r['shared']:>5}"
                   + (f"  inexact {' '.join(r['inexact'])}" if r["inexact"] else ""))
