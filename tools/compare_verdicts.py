@@ -1,10 +1,12 @@
-"""Do two runs of `layernorm bench` agree on every verdict they print?
+"""Do runs of `layernorm bench` agree on every verdict they print?
 
-    python tools/compare_verdicts.py RUN1.json RUN2.json
+    python tools/compare_verdicts.py RUN1.json RUN2.json [RUN3.json ...]
 
-Prints one Markdown row per (case, goal) with each run's figure and verdict, then how many
-goals both runs decided ("met" or "missed") alike and how many they decided oppositely; exit
-status 1 if any.
+Prints one Markdown row per (case, goal) with each run's figure and verdict and the median of
+the runs' figures (each run is a fresh process: where the data straddles the last-level cache,
+the figures move from process to process more than within a run's rounds), then how many
+goals every run decided ("met" or "missed") alike and how many were met in one run and missed
+in another; exit status 1 if any.
 """
 
 from __future__ import annotations
@@ -42,22 +44,44 @@ def verdicts(rows: list[dict]) -> dict[tuple[str, str], tuple[str, str, str]]:
     return out
 
 
+def _median_figure(figures: list[str]) -> str:
+    """The median of figures such as "1.07x" or "64%", in their unit; "-" where one is not a
+    number (a goal missing from a run)."""
+    unit = figures[0][-1:]
+    try:
+        values = sorted(float(f[:-1]) for f in figures)
+    except ValueError:
+        return "-"
+    if any(f[-1:] != unit for f in figures):
+        return "-"
+    n = len(values)
+    mid = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+    return f"{mid:.0f}%" if unit == "%" else f"{mid:.2f}{unit}"
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) < 2:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
-    a, b = (verdicts(R.load(Path(p))["rows"]) for p in argv)
-    print("| case | goal | regime | run 1 | run 2 |\n|---|---|---|---|---|")
-    same = opposite = 0
-    for key, (va, fa, regime) in a.items():
-        vb, fb, _ = b.get(key, ("not in run 2", "-", ""))
-        print(f"| {key[0]} | {key[1]} | {regime} | {fa}: {va} | {fb}: {vb} |")
-        if va in DECIDED and vb in DECIDED:
-            same += va == vb
-            opposite += va != vb
-    decided = [sum(v[0] in DECIDED for v in run.values()) for run in (a, b)]
-    print(f"\n{len(a)} goals; decided in run 1: {decided[0]}, in run 2: {decided[1]}; "
-          f"decided alike by both: {same}; oppositely: {opposite}")
+    runs = [verdicts(R.load(Path(p))["rows"]) for p in argv]
+    n = len(runs)
+    head = " | ".join(f"run {i + 1}" for i in range(n))
+    print(f"| case | goal | regime | {head} | median |\n|---|---|---|"
+          + "---|" * (n + 1))
+    alike = opposite = 0
+    for key, (_, _, regime) in runs[0].items():
+        cells = [run.get(key, (f"not in run {i + 1}", "-", "")) for i, run in enumerate(runs)]
+        row = " | ".join(f"{figure}: {verdict}" for verdict, figure, _ in cells)
+        print(f"| {key[0]} | {key[1]} | {regime} | {row} | "
+              f"{_median_figure([figure for _, figure, _ in cells])} |")
+        decided = {verdict for verdict, _, _ in cells if verdict in DECIDED}
+        if decided and all(verdict in DECIDED for verdict, _, _ in cells):
+            alike += len(decided) == 1
+        opposite += len(decided) == 2
+    decided = [sum(v[0] in DECIDED for v in run.values()) for run in runs]
+    print(f"\n{len(runs[0])} goals; decided in each run: {', '.join(map(str, decided))}; "
+          f"decided alike by every run: {alike}; met in one run and missed in another: "
+          f"{opposite}")
     return 1 if opposite else 0
 
 
