@@ -259,10 +259,14 @@ def test_ctrl_c_ends_any_command_with_one_line_and_status_130(name, monkeypatch,
 def test_sigint_ends_a_running_command_with_one_line(tmp_path):
     """Protects Ctrl-C on a real process: SIGINT sent to `python -m layernorm report` once its
     first section (the gradient checks, seconds of work) has started ends it with one line on
-    stderr and exit status 130, without a traceback, and nothing written."""
+    stderr and exit status 130, without a traceback, and nothing written. The child starts
+    with SIGINT's default action, as a command in a terminal does: run in the background by a
+    shell without job control (``cmd &``), the suite would hand it SIGINT ignored, and Python
+    then installs no handler."""
     proc = subprocess.Popen([sys.executable, "-m", "layernorm", "report", "--quick", "--out",
                              str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().startswith("report: ")  # a section has started
         proc.send_signal(signal.SIGINT)
