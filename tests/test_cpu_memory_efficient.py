@@ -348,17 +348,20 @@ def test_hard_cases_of_the_rule(name, dtype, case, dtype_or_skip, run_norm, floa
 def test_kept_channels_in_one_block_of_many(name, dtype, shifted, dtype_or_skip, run_norm,
                                             float64_oracle, results_close):
     """Protects sweep 1's choice, block by block, of whether to mask the kept channels' terms,
-    and the sweeps that read no shift row where the shift is 0 on every recovered channel
-    (RMSNorm, or LayerNorm with beta = 0): rows of 2600 channels (three blocks of
-    kernels.BLOCK), one channel kept, in the last block, because its scale would overflow y
-    (3e37 * sqrt(D) > largest / 2): its y is up to about 1e38, so a term of it left unmasked,
-    or masked in the wrong block, would swamp dx. 9 rows: two tiles and a leftover row."""
+    the mask row filled in the right blocks, and the sweeps that read no shift row where the
+    shift is 0 on every recovered channel (RMSNorm, or LayerNorm with beta = 0): rows of 2600
+    channels (three blocks of kernels.BLOCK), two kept: one in the last block because its
+    scale would overflow y (3e37 * sqrt(D) > largest / 2; y up to about 1e38, so its term
+    left unmasked moves dx past float32's tolerance), one in the middle block with scale 0
+    (whose mask, read unfilled, would be whatever the memory held). 9 rows: two tiles and a
+    leftover row."""
     dt = dtype_or_skip(dtype)
     norm = NORMS[name]
-    d, k = 2600, 2100
-    assert d > 2 * cpu.kernels.BLOCK and k // cpu.kernels.BLOCK == 2
+    d, k, z = 2600, 2100, 1500
+    assert d > 2 * cpu.kernels.BLOCK and (k // cpu.kernels.BLOCK, z // cpu.kernels.BLOCK) == (2, 1)
     gamma = (1 + 0.1 * RNG.standard_normal(d)).astype(dt)
     gamma[k] = 3e37
+    gamma[z] = 0.0
     beta = (0.3 * RNG.standard_normal(d) if shifted else np.zeros(d)).astype(dt)
     if not norm.centred and shifted:
         pytest.skip("RMSNorm has no beta")
@@ -366,7 +369,7 @@ def test_kept_channels_in_one_block_of_many(name, dtype, shifted, dtype_or_skip,
     args = _args(norm, x, gamma, beta)
     cot = [RNG.standard_normal(x.shape).astype(dt)]
     *_, cache = getattr(cpu, f"{name}_forward")(*args, memory_efficient=True)
-    assert cache.keep.tolist() == [k]
+    assert cache.keep.tolist() == [z, k]
     _near_oracle_and_reference(norm, args, cot, dt, run_norm, float64_oracle, results_close)
 
 

@@ -1377,9 +1377,9 @@ def backward_y_chunks(y, dy, dh, zp, scale, shift, keep, kept, rows, xrows, stat
         chan[CH_NUM, j] = 0.0
         chan[CH_DEN, j] = _den(z)
         chan[CH_W, j] = 0.0
-    shifted = 0  # channels recovered with a non-zero shift: where none, no sweep reads num
-    for j in range(D):
-        shifted += chan[CH_NUM, j] != 0
+    shifted = 0  # channels recovered with a shift other than +0 (-0 counts: y - -0 turns a -0
+    for j in range(D):  # y into +0): where none, no sweep reads num
+        shifted += _bits(chan[CH_NUM, j]) != 0
     # both sweeps read the scale from chan: one copy of it in cache, not two (for long rows
     # the per-channel rows are a large part of what a tile's sweeps keep in cache)
     _chunks(y, dy, dh, zp, chan[CH_SCALE], (chan, keep, kept, rows, xrows, blocks, shifted > 0),
