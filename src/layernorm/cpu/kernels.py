@@ -636,17 +636,6 @@ def _num_typed(ch, j0, j1):
     return lambda ch, j0, j1: ch[CH_NUM, j0:j1]
 
 
-def _n(nb, j, z):
-    """nb[j], or z where ``nb`` is None (:func:`_num`)."""
-
-
-@overload(_n, jit_options={"cache": True})
-def _n_typed(nb, j, z):
-    if isinstance(nb, types.NoneType):
-        return lambda nb, j, z: z
-    return lambda nb, j, z: nb[j]
-
-
 def _rows_of(ch):
     """chan, of ``ch`` = chan or (chan,)."""
 
