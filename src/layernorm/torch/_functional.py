@@ -32,10 +32,10 @@ import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
-import torch.autograd.forward_ad as _forward_ad
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _transforms
 from ._cpu import compute_dtype
 from ._ops import fwd, fwd_y, norm
 
@@ -168,24 +168,6 @@ _is_exporting = getattr(torch.compiler, "is_exporting", None) or (lambda: False)
 _tracing_state = _get_tracing_state or (lambda: True if torch.jit.is_tracing() else None)
 
 
-_functorch_active = torch._C._are_functorch_transforms_active
-_is_compiling = torch.compiler.is_compiling
-
-
-def _transformed() -> bool:
-    """A ``torch.func`` transform (grad, vmap, jvp, jacrev, jacfwd, hessian) or a forward-mode
-    AD level (``torch.autograd.forward_ad.dual_level``) is active, outside torch.compile's
-    tracing. About 0.2 µs: checked on every eager call."""
-    return not _is_compiling() and (_functorch_active() or _forward_ad._current_level >= 0)
-
-
-TRANSFORMS = (
-    "layernorm.torch: torch.func transforms and forward-mode AD are not supported yet "
-    "(the ops' autograd has no forward-mode derivative and no batching rule, so a tangent "
-    "would come back as zeros); use torch.nn.functional's norms under them")
-"""The message of the NotImplementedError a call under a transform raises."""
-
-
 def _onnx_exporting() -> bool:
     """An ONNX exporter is running. Dynamo's strict capture folds ``is_in_onnx_export()`` to
     False, so the dynamo exporter's own flag is read too (a module global, which dynamo reads as
@@ -298,8 +280,6 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
                            zero_centered_gamma, residual_dtype, memory_efficient, x_name)
     x, residual, shape, weight, bias, eps, zero_centered_gamma, h_dtype, me = checked
     add = residual is not None
-    if _transformed():
-        raise NotImplementedError(TRANSFORMS)
 
     if x.is_cuda:
         cast = AUTOCAST.get(("cuda", centred))
@@ -323,8 +303,11 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
         r2 = residual.reshape(-1, d) if add else None
         if len(shape) > 1:
             weight, bias = (None if p is None else p.reshape(-1) for p in (weight, bias))
+    if _transforms.active():  # torch.func or forward AD: the Function with a jvp and vmap
+        y, h = _transforms.apply(x2, r2, weight, bias, eps, centred, zero_centered_gamma,
+                                 h_dtype)
     # a trace records one op for every grad mode: fwd, which autograd differentiates
-    if tracing or (torch.is_grad_enabled() and (
+    elif tracing or (torch.is_grad_enabled() and (
             x.requires_grad or (add and residual.requires_grad)
             or (weight is not None and weight.requires_grad)
             or (bias is not None and bias.requires_grad))):
