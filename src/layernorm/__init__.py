@@ -14,12 +14,16 @@ from .reference import (
     RMSNorm,
     add_layer_norm_backward,
     add_layer_norm_forward,
+    add_layer_norm_jvp,
     add_rms_norm_backward,
     add_rms_norm_forward,
+    add_rms_norm_jvp,
     layer_norm_backward,
     layer_norm_forward,
+    layer_norm_jvp,
     rms_norm_backward,
     rms_norm_forward,
+    rms_norm_jvp,
 )
 
 __version__ = "0.1.0"
@@ -35,11 +39,15 @@ __all__ = [
     "__version__",
     "add_layer_norm_backward",
     "add_layer_norm_forward",
+    "add_layer_norm_jvp",
     "add_rms_norm_backward",
     "add_rms_norm_forward",
+    "add_rms_norm_jvp",
     "check_vjp",
     "layer_norm_backward",
     "layer_norm_forward",
+    "layer_norm_jvp",
     "rms_norm_backward",
     "rms_norm_forward",
+    "rms_norm_jvp",
 ]

@@ -24,6 +24,16 @@ stream (h feeds the next block as well as the norm),
 
     dx = dresidual = dh + (the norm's dx with respect to h)
 
+Forward mode (the Jacobian-vector product, docs/derivation.md "Forward mode"): with tangents
+u of x, tgamma and tbeta,
+
+    t_xhat = rstd * (u - mean(u) - xhat * mean(xhat * u))     LayerNorm (RMSNorm: no mean(u))
+    t_y    = scale * t_xhat + tgamma * xhat + tbeta
+
+the backward's operator applied to u: d xhat / dx is symmetric, so the same two (one) row
+reductions give both products. An add-norm's tangent of h is tx + tresidual; t_y is the norm's
+of it. The ``*_jvp`` functions read the same cache as the backward.
+
 Both kinds share one statistics routine (centring optional), one backward core and one cache
 class, :class:`NormCache`: xhat (M, D), rstd (M,) and a copy of the scale (D,). That is all
 the formula reads: two (one) row reductions and no forward recomputation. x, mean and var are
@@ -95,12 +105,16 @@ __all__ = [
     "RMSNorm",
     "add_layer_norm_backward",
     "add_layer_norm_forward",
+    "add_layer_norm_jvp",
     "add_rms_norm_backward",
     "add_rms_norm_forward",
+    "add_rms_norm_jvp",
     "layer_norm_backward",
     "layer_norm_forward",
+    "layer_norm_jvp",
     "rms_norm_backward",
     "rms_norm_forward",
+    "rms_norm_jvp",
 ]
 
 
@@ -394,6 +408,52 @@ def _backward_from_y(dy: np.ndarray, cache: OutputCache, dtype: np.dtype
     return g.astype(dtype, copy=False), dgamma, dbeta
 
 
+def _jvp(cache: NormCache, u: np.ndarray | None, tgamma: object, tbeta: object,
+         dtype: np.dtype) -> np.ndarray:
+    """t_y (M, D) in ``dtype``: the forward-mode derivative along the tangents u (M, D) of the
+    normalized input (None: zero), tgamma and tbeta (None: zero), computed in the compute dtype
+    and rounded once."""
+    xhat, rstd, scale = cache.xhat, cache.rstd, cache.scale  # (M, D), (M,), (D,) | None
+    cdt = xhat.dtype
+    d = xhat.shape[1]
+    tgamma = check_param(tgamma, "tgamma", d)
+    tbeta = check_param(tbeta, "tbeta", d)
+    if tgamma is not None and scale is None:
+        raise ValueError("tgamma must be None: the forward had no gamma")
+    if tbeta is not None and cache.beta_dtype is None:
+        raise ValueError("tbeta must be None: the forward had no beta")
+    ty = np.zeros_like(xhat)  # (M, D)
+    if u is not None:
+        t = u.reshape(-1, d).astype(cdt, order="C")  # (M, D) a new array: t_xhat, built in it
+        if cache.centred:
+            t -= t.mean(axis=1, keepdims=True)
+        t -= xhat * np.mean(xhat * t, axis=1, keepdims=True)
+        t *= rstd[:, None]
+        ty = t if scale is None else np.multiply(t, scale, out=t)
+    if tgamma is not None:
+        ty += xhat * tgamma.astype(cdt)  # d(1 + gamma) = tgamma too
+    if tbeta is not None:
+        ty += tbeta.astype(cdt)
+    return ty.astype(dtype, copy=False)
+
+
+def _check_jvp_cache(cache: object, centred: bool, producer: str,
+                     cache_type: type = NormCache) -> None:
+    """``cache`` must be a default-mode cache of ``producer`` (a norm of this kind)."""
+    norm = cache.norm if isinstance(cache, AddNormCache) else cache
+    if not isinstance(cache, cache_type) or not isinstance(norm, NormCache):
+        raise TypeError(f"cache must be the {cache_type.__name__} returned by {producer} with "
+                        f"memory_efficient=False (forward mode reads xhat), got "
+                        f"{type(norm if isinstance(cache, cache_type) else cache).__name__}")
+    if norm.centred != centred:
+        raise ValueError(f"cache must be the {cache_type.__name__} returned by {producer}, got "
+                         f"the cache of {'a layer norm' if norm.centred else 'an RMS norm'}")
+
+
+def _tangent(t: object, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    return None if t is None else check_shape(t, name, shape, "the forward's x")
+
+
 _NORM_CACHES = (NormCache, OutputCache)
 
 
@@ -498,6 +558,32 @@ def rms_norm_backward(dy: np.ndarray, cache: NormCache) -> tuple[np.ndarray, np.
     dy = _check_cache(dy, cache, _NORM_CACHES, False, "rms_norm_forward")
     dx, dgamma, _ = _backward(dy, cache, cache.x_dtype)
     return dx.reshape(cache.x_shape), dgamma
+
+
+def layer_norm_jvp(cache: NormCache, tx: np.ndarray | None, tgamma: np.ndarray | None = None,
+                   tbeta: np.ndarray | None = None) -> np.ndarray:
+    """The forward-mode derivative of layer norm: J·(tx, tgamma, tbeta) at the forward's point.
+
+    Args:
+        cache: the :class:`NormCache` returned by :func:`layer_norm_forward` (default mode).
+        tx: the tangent of x, x's shape, or None (zero); never modified.
+        tgamma, tbeta: (D,) tangents of gamma and beta, or None (zero); given only where the
+            forward had the parameter.
+
+    Returns:
+        t_y: the tangent of y, x's shape and dtype (computed in the compute dtype).
+    """
+    _check_jvp_cache(cache, True, "layer_norm_forward")
+    u = _tangent(tx, "tx", cache.x_shape)
+    return _jvp(cache, u, tgamma, tbeta, cache.x_dtype).reshape(cache.x_shape)
+
+
+def rms_norm_jvp(cache: NormCache, tx: np.ndarray | None,
+                 tgamma: np.ndarray | None = None) -> np.ndarray:
+    """The forward-mode derivative of RMS norm: as :func:`layer_norm_jvp`, without beta."""
+    _check_jvp_cache(cache, False, "rms_norm_forward")
+    u = _tangent(tx, "tx", cache.x_shape)
+    return _jvp(cache, u, tgamma, None, cache.x_dtype).reshape(cache.x_shape)
 
 
 def _add_forward(x: object, residual: object, gamma: object, beta: object, eps: object,
@@ -614,6 +700,46 @@ def add_rms_norm_backward(
     :func:`add_layer_norm_backward`."""
     dx, dresidual, dgamma, _ = _add_backward(dy, dh, cache, False, "add_rms_norm_forward")
     return dx, dresidual, dgamma
+
+
+def _add_jvp(cache: object, tx: object, tresidual: object, tgamma: object, tbeta: object,
+             centred: bool, producer: str) -> tuple[np.ndarray, np.ndarray]:
+    """t_y and t_h of an add-norm: t_h = tx + tresidual formed in the add's compute dtype; t_y
+    the norm's derivative along it (not rounded first), each rounded once to its output's
+    dtype."""
+    _check_jvp_cache(cache, centred, producer, AddNormCache)
+    norm = cache.norm
+    shape = norm.x_shape
+    ts = [t for t in (_tangent(tx, "tx", shape), _tangent(tresidual, "tresidual", shape))
+          if t is not None]
+    adt = widest_compute_dtype(cache.dx_dtype, cache.dresidual_dtype, norm.x_dtype)
+    u = sum(t.astype(adt) for t in ts) if ts else None  # (..., D) the tangent of h
+    ty = _jvp(norm, u, tgamma, tbeta, cache.dx_dtype).reshape(shape)
+    th = np.zeros(shape, norm.x_dtype) if u is None else u.astype(norm.x_dtype, copy=False)
+    return ty, th
+
+
+def add_layer_norm_jvp(cache: AddNormCache, tx: np.ndarray | None,
+                       tresidual: np.ndarray | None, tgamma: np.ndarray | None = None,
+                       tbeta: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The forward-mode derivative of :func:`add_layer_norm_forward`.
+
+    Args:
+        cache: the :class:`AddNormCache` of :func:`add_layer_norm_forward` (default mode).
+        tx, tresidual: tangents of x and residual (x's shape), or None (zero).
+        tgamma, tbeta: as for :func:`layer_norm_jvp`.
+
+    Returns:
+        t_y: in x's dtype; t_h = tx + tresidual, in h's dtype.
+    """
+    return _add_jvp(cache, tx, tresidual, tgamma, tbeta, True, "add_layer_norm_forward")
+
+
+def add_rms_norm_jvp(cache: AddNormCache, tx: np.ndarray | None, tresidual: np.ndarray | None,
+                     tgamma: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The forward-mode derivative of :func:`add_rms_norm_forward`: as
+    :func:`add_layer_norm_jvp`, without beta."""
+    return _add_jvp(cache, tx, tresidual, tgamma, None, False, "add_rms_norm_forward")
 
 
 class _Norm:
