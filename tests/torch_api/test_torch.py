@@ -146,10 +146,16 @@ def test_agrees_with_torchs_own_functions(name, dtype):
 
 
 def test_eps_defaults_and_zero_eps_as_torch():
-    """Protects eps semantics: rms_norm's eps=None is finfo(dtype).eps as in F.rms_norm, and
-    eps = 0 is accepted as torch accepts it (a constant row then gives NaN, as torch's)."""
+    """Protects eps semantics: rms_norm's eps=None is the compute dtype's finfo eps as in
+    F.rms_norm (float32's for 16- and 32-bit inputs, float64's for float64), and eps = 0 is
+    accepted as torch accepts it (a constant row then gives NaN, as torch's)."""
     x = torch.randn(4, 32, dtype=torch.float64)
     assert torch.equal(lt.rms_norm(x, 32), lt.rms_norm(x, 32, eps=torch.finfo(x.dtype).eps))
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        small = torch.full((1, 4), 0.01, dtype=dtype)  # mean(x²) = 1e-4: eps decides y
+        assert torch.equal(lt.rms_norm(small, 4), F.rms_norm(small, (4,)))
+        assert torch.equal(lt.rms_norm(small, 4),
+                           lt.rms_norm(small, 4, eps=torch.finfo(torch.float32).eps))
     assert_close(lt.rms_norm(x, 32).numpy(), F.rms_norm(x, (32,)).numpy(), "float64", "out")
     assert_close(lt.layer_norm(x, 32, eps=0.0).numpy(),
                  F.layer_norm(x, (32,), eps=0.0).numpy(), "float64", "out")

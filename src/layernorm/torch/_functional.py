@@ -2,9 +2,11 @@
 
 Signatures and semantics follow ``torch.nn.functional.layer_norm`` and ``rms_norm``: the norm
 runs over the trailing ``normalized_shape`` axes (flattened to D), ``eps=None`` for RMSNorm
-means ``torch.finfo(dtype).eps`` of the normalized tensor's dtype, and eps = 0 is allowed.
-Bad arguments raise ``TypeError`` (wrong kind) or ``ValueError`` (wrong value) naming the
-argument.
+means ``torch.finfo(T).eps`` of the compute dtype T of the normalized tensor (float32 for
+16- and 32-bit inputs, float64 for float64), and eps = 0 is allowed. Meta tensors give the
+outputs' shapes and dtypes; a normalized size of 0 gives empty outputs, as torch's norms do.
+Bad arguments raise ``TypeError`` (wrong kind: complex dtypes, nested or sparse layouts) or
+``ValueError`` (wrong value) naming the argument.
 
 ``memory_efficient=True`` is a training-time choice: where a gradient is needed, the
 forward's autograd keeps y (the norm's output, which the next layer keeps anyway), the
@@ -54,13 +56,17 @@ def _check_tensor(t: object, name: str) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in FLOATS:
-        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {t.dtype}")
+        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {t.dtype}"
+                        + (" (complex tensors are not supported)" if t.is_complex() else ""))
     return t
 
 
 def _check_device(x: Tensor, name: str) -> None:
-    if not (x.is_cpu or x.is_cuda):
-        raise ValueError(f"{name} must be on a CPU or CUDA device, got {x.device}")
+    if x.layout is not torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}: "
+                        f"nested and sparse tensors are not supported")
+    if not (x.is_cpu or x.is_cuda or x.is_meta):
+        raise ValueError(f"{name} must be on a CPU, CUDA or meta device, got {x.device}")
 
 
 def _normalized_shape(normalized_shape: object, x: Tensor, name: str) -> tuple[int, ...]:
@@ -83,9 +89,9 @@ def _normalized_shape(normalized_shape: object, x: Tensor, name: str) -> tuple[i
                 f"normalized_shape must be an int or a sequence of ints, got "
                 f"{normalized_shape!r}")
         shape = tuple(int(d) for d in dims)
-    if not shape or min(shape) < 1:
+    if not shape or min(shape) < 0:
         raise ValueError(
-            f"normalized_shape must be non-empty with every size >= 1, got {shape}")
+            f"normalized_shape must be non-empty with every size >= 0, got {shape}")
     if len(shape) == 1 and x.dim() >= 1 and x.shape[-1] == shape[0]:
         return shape
     if x.dim() < len(shape) or x.shape[x.dim() - len(shape):] != shape:
@@ -111,8 +117,8 @@ def _check_param(p: object, name: str, shape: tuple[int, ...], x: Tensor) -> Ten
 def _check_eps(eps: object, dtype: torch.dtype) -> float:
     if type(eps) is float and 0.0 <= eps < math.inf:  # the common case (NaN fails it)
         return eps
-    if eps is None:
-        return float(torch.finfo(dtype).eps)
+    if eps is None:  # torch's rule: the compute dtype's machine epsilon
+        return float(torch.finfo(compute_dtype(dtype)).eps)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
     value = float(eps)
@@ -142,6 +148,7 @@ def _checked(x: object, residual: object, normalized_shape: object, weight: obje
         if residual.shape != x.shape:
             raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got "
                              f"{tuple(residual.shape)}")
+        _check_device(residual, "residual")
         if residual.device != x.device:
             raise ValueError(f"residual must be on x's device {x.device}, got "
                              f"{residual.device}")
@@ -292,6 +299,10 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
         return _standard(centred, x, residual, shape, weight, bias, eps, zero_centered_gamma,
                          h_dtype, rms_decomposed=tracing)
 
+    if 0 in shape:  # nothing to normalize: torch's norms give the empty outputs and gradients
+        return _standard(centred, x, residual, shape, weight, bias, eps, zero_centered_gamma,
+                         h_dtype, rms_decomposed=False)
+
     # The ops normalize the last axis of a tensor of any rank. A normalized_shape of several
     # axes is flattened to one, and a tensor subclass (a DTensor) to (M, D): its sharding
     # strategies know rows as the first axis. view_as keeps a trace free of x's rank.
@@ -311,7 +322,9 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
             x.requires_grad or (add and residual.requires_grad)
             or (weight is not None and weight.requires_grad)
             or (bias is not None and bias.requires_grad))):
-        if me and not tracing and not _is_exporting():  # autograd keeps y instead of x or h
+        # autograd keeps y instead of x or h (on meta tensors, which have no values to keep
+        # channels and rows by, the default mode gives the same shapes)
+        if me and not tracing and not _is_exporting() and not x.is_meta:
             _refuse_dtensors(x_name, x, residual, weight, bias)
             y, h, *_kept = fwd_y(x2, r2, weight, bias, eps, centred, zero_centered_gamma,
                                  h_dtype)
