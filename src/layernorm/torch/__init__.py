@@ -12,7 +12,9 @@
 CPU tensors run the fused Numba kernels on the tensors' own memory; CUDA tensors run the
 Triton kernels. float16, bfloat16, float32 and float64 on both. Each function is a
 ``torch.library`` custom op with a fake implementation (``torch.compile(fullgraph=True)``),
-autograd (double backward included) and torch's autocast rule. ``memory_efficient=True`` (every
+autograd (double backward included) and torch's autocast rule; under ``torch.func``
+transforms (grad, vmap, jvp, jacrev, jacfwd, hessian) and forward-mode AD the functions take
+one Python autograd Function with a hand-derived jvp (:mod:`._transforms`). ``memory_efficient=True`` (every
 function, both modules, ``replace_norms``) makes training keep each norm's output y instead of
 its input, which the next layer keeps anyway; its backward cannot be differentiated again.
 docs/torch.md has the details.
