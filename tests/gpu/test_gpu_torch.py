@@ -101,3 +101,34 @@ def test_triton_on_cpu_routes_and_restores():
     assert s0.shape == (3,) and s1.shape == (3,)
     _y, _h, s0, s1 = _ops.fwd(x, None, None, None, 1e-5, True, False, None)
     assert s0.shape == (3, 4) and s1.dtype == torch.int64
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "add_rms_norm"])
+def test_the_triton_path_under_jvp_and_vmap(name, triton_path):
+    """Protects torch.func over the Triton path: the transforms' Function calls the inference
+    op, whose batching rule folds the vmapped axis into the rows; jvp and vmap give torch's
+    float64 answers."""
+    import torch.nn.functional as F
+
+    from layernorm.tolerances import assert_close
+
+    g = torch.Generator().manual_seed(23)
+    x, r, t = (torch.randn(3, 6, generator=g, dtype=torch.float64).to(DEVICE) for _ in "xrt")
+    w = torch.randn(6, generator=g, dtype=torch.float64).to(DEVICE)
+    if name == "layer_norm":
+        def ours(x, r):
+            return lt.layer_norm(x, 6, w)
+
+        def theirs(x, r):
+            return F.layer_norm(x, (6,), w)
+    else:
+        def ours(x, r):
+            y, h = lt.add_rms_norm(x, r, 6, w, 1e-6)
+            return y * h
+
+        def theirs(x, r):
+            return F.rms_norm(x + r, (6,), w, 1e-6) * (x + r)
+    for transform in (lambda f: torch.func.jvp(f, (x, r), (t, t))[1],
+                      lambda f: torch.func.vmap(f)(x[:, None], r[:, None])):
+        assert_close(transform(ours).cpu().numpy(), transform(theirs).cpu().numpy(), "float64",
+                     scale=2.0, name=name)
