@@ -1,6 +1,7 @@
 """replace_norms on transformers: every class of its table that the installed transformers
 defines is swapped and computes what the original computes (forward and gradients; float32,
-bfloat16 and the two mixtures of them), instances it cannot take are left with their reason,
+bfloat16 and the two mixtures of them; Cohere's per-head norms: test_per_head.py), instances
+it cannot take are left with their reason,
 and tiny config-built models of 24 families give the unswapped model's logits and gradients."""
 
 from __future__ import annotations
@@ -173,17 +174,18 @@ def _left(old: torch.nn.Module, reason: str) -> None:
 
 
 def test_instances_ours_cannot_take_are_left_with_their_reason():
-    """Protects the per-instance limits of the table: Cohere's query/key norm (a (heads, D)
-    weight over the last axis alone), ConvNext in channels_first, Qwen4's grouped norm and an
-    xLSTM RMSNorm with a bias stay, each with its reason; Chameleon's query/key norm (eps fixed
-    in its forward, a (heads, D) weight) is not in the table."""
+    """Protects the per-instance limits of the table: a LlamaRMSNorm built with a tuple (a
+    (heads, D) weight over the last axis alone: only Cohere's recipe takes one), ConvNext in
+    channels_first, Qwen4's grouped norm and an xLSTM RMSNorm with a bias stay, each with its
+    reason; Chameleon's query/key norm (eps fixed in its forward, a (heads, D) weight) is not in
+    the table."""
     from transformers.models.chameleon.modeling_chameleon import ChameleonLayerNorm
-    from transformers.models.cohere.modeling_cohere import CohereLayerNorm
     from transformers.models.convnext.modeling_convnext import ConvNextLayerNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
     from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextRMSNorm
     from transformers.models.xlstm.modeling_xlstm import xLSTMRMSNorm
 
-    _left(CohereLayerNorm((2, 16)), r"CohereLayerNorm at 0: its weight has shape \(2, 16\) "
+    _left(LlamaRMSNorm((2, 16)), r"LlamaRMSNorm at 0: its weight has shape \(2, 16\) "
           r"but it normalizes the last axis alone")
     _left(ConvNextLayerNorm(D, data_format="channels_first"), "data_format='channels_first'")
     _left(Qwen4ExpTextRMSNorm(D, group_size=8), "group_size=8: it normalizes groups")
@@ -243,8 +245,8 @@ FAMILIES = {
     "opt": ({"hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "num_attention_heads": 2,
              "ffn_dim": 64, "max_position_embeddings": 32, "word_embed_proj_dim": HIDDEN},
             {"LayerNorm": 5}, {}),
-    "cohere": ({**_DECODER, "use_qk_norm": True}, {"CohereLayerNorm": 3},
-               {"CohereLayerNorm": 4}),  # one per parallel block + final; q, k norms left
+    "cohere": ({**_DECODER, "use_qk_norm": True}, {"CohereLayerNorm": 7},
+               {}),  # one per parallel block + final, + q, k norms (per head) per layer
     "deepseek_v3": ({**_DECODER, "moe_intermediate_size": 16, "n_routed_experts": 4,
                      "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
                      "first_k_dense_replace": 1, "q_lora_rank": 16, "kv_lora_rank": 16,
@@ -291,8 +293,8 @@ def _run(model: torch.nn.Module, ids: torch.Tensor):
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_family_swapped_as_counted_and_computes_as_before(name):
     """Protects the swap of 24 families' real models: exactly the norms counted above are
-    swapped (by class), nothing else norm-like is left (Cohere's query/key norms are, by
-    reason), and the logits and every parameter's gradient of the loss equal the unswapped
+    swapped (by class), nothing norm-like is left (Cohere's per-head query/key norms
+    included), and the logits and every parameter's gradient of the loss equal the unswapped
     model's (float32 "out" for logits, scale max(1, max|logits|); float32 "param" for
     gradients with the model's largest gradient as the scale: gradients that cancel to zero,
     such as a key bias's under softmax, keep rounding noise of the size of the others)."""
@@ -320,21 +322,27 @@ def test_family_swapped_as_counted_and_computes_as_before(name):
         _close(grads[k], g, "float32", "param", f"{name} d{k}", scale=scale)
 
 
-def test_cohere_query_key_norms_left_with_their_reason():
-    """Protects Cohere with use_qk_norm: its (heads, head_dim) query/key norms are named in
-    the one warning with why, and strict=True refuses before changing anything."""
+def test_cohere_query_key_norms_swapped_per_head():
+    """Protects Cohere with use_qk_norm under strict=True: it is accepted, without a warning;
+    the (heads, head_dim) query/key norms become PerHeadLayerNorm holding their own weights,
+    the other norms LayerNorm. (Their logits and gradients: the family test above.)"""
+    from layernorm.torch._modules import PerHeadLayerNorm
+
     model = _family("cohere")
-    before = list(model.modules())
-    with pytest.raises(ValueError, match=r"strict=True\) would leave 4 norm-like module\(s\) in "
-                       r"place, so it changed nothing: CohereLayerNorm at "
-                       r"model.layers.0.self_attn.q_norm, .*its weight has shape \(2, 16\)"):
-        lt.replace_norms(model, strict=True)
-    assert list(model.modules()) == before
-    with pytest.warns(UserWarning, match=r"left 4 norm-like module\(s\) in place: "
-                      r"CohereLayerNorm at model.layers.0.self_attn.q_norm, "
-                      r"model.layers.0.self_attn.k_norm, model.layers.1.self_attn.q_norm, "
-                      r"model.layers.1.self_attn.k_norm: its weight has shape \(2, 16\)"):
-        lt.replace_norms(model)
+    old = dict(model.named_modules())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = lt.replace_norms(model, strict=True)
+    assert summary == 7 and summary.left == {}
+    kinds = {path: type(m) for path, m in model.named_modules()
+             if type(old[path]).__name__ == "CohereLayerNorm"}
+    per_head = sorted(p for p, k in kinds.items() if k is PerHeadLayerNorm)
+    assert per_head == [f"model.layers.{i}.self_attn.{n}_norm" for i in range(LAYERS)
+                        for n in "kq"]
+    assert sum(k is lt.LayerNorm for k in kinds.values()) == 3
+    for path in per_head:
+        ours = model.get_submodule(path)
+        assert ours.weight is old[path].weight and ours.weight_shape == (2, 16)
 
 
 def test_t5_half_weights_over_a_float32_residual():

@@ -413,8 +413,8 @@ def test_bad_arguments():
 def test_module_options_the_swap_uses():
     """Protects the two options of our modules that other libraries' norms need: result_dtype
     (the promoted dtype, or T5's: the weight's where half) computed in the wider dtype and
-    rounded once, and normalized_shape=None (the last axis, any size, without weight); both
-    checked, and shown in the repr."""
+    rounded once, and normalized_shape=None (the last axis, any size, without weight; a 0-d
+    input, which has none, a ValueError); both checked, and shown in the repr."""
     torch.manual_seed(0)
     x16 = torch.randn(3, 8).to(torch.bfloat16)
     promote = lt.RMSNorm(8, 1e-3, result_dtype="promote")  # float32 weight
@@ -434,6 +434,8 @@ def test_module_options_the_swap_uses():
         x = torch.randn(2, d)
         _close(any_d(x), torch.nn.functional.rms_norm(x, (d,), eps=1e-3), f"last axis of {d}")
     assert "None (the last axis)" in repr(any_d)
+    with pytest.raises(ValueError, match="input must have a last axis to normalize, got a 0-d"):
+        any_d(torch.tensor(1.0))
 
     with pytest.raises(TypeError, match="result_dtype must be a str, got dtype"):
         lt.RMSNorm(8, result_dtype=torch.float32)
@@ -442,6 +444,54 @@ def test_module_options_the_swap_uses():
         lt.LayerNorm(8, result_dtype="weight")
     with pytest.raises(ValueError, match="normalized_shape None .* needs elementwise_affine"):
         lt.LayerNorm(None)
+
+
+@pytest.mark.parametrize("result_dtype", ["input", "promote", "half_weight"])
+def test_rms_norm_eps_none_is_torchs_whatever_the_result_dtype(result_dtype):
+    """Protects RMSNorm's eps=None against torch.nn.RMSNorm's: torch takes finfo(float32).eps
+    for bfloat16, float16 and float32 inputs (finfo(float64).eps for float64), whatever the
+    dtype the module computes in. A bfloat16 input of 0.01s (mean square 1e-4) gives ~0.9994
+    with float32's eps and ~0.11 with bfloat16's; a float32 input of 1e-5s beside a float64
+    weight (computed in float64 under "promote") gives ~0.029 with float32's eps and ~1.0 with
+    float64's. Values within the table's "out" tolerance of each result's dtype."""
+    def torchs(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        with warnings.catch_warnings():  # torch: "Mismatch dtype between input and weight"
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.nn.RMSNorm(4, dtype=dtype)(x).detach()
+
+    x = torch.full((2, 4), 0.01, dtype=torch.bfloat16)
+    eps32 = torch.finfo(torch.float32).eps
+    exact = x.double() / torch.sqrt(x.double().pow(2).mean(-1, keepdim=True) + eps32)
+    want = torchs(x, torch.float32)
+    _close(want, exact, "torch's rule", dtype="bfloat16")  # the rule, as torch 2.13 has it
+    got = lt.RMSNorm(4, result_dtype=result_dtype)(x).detach()
+    _close(got, exact, f"{result_dtype}, bfloat16 input",
+           dtype="bfloat16" if got.dtype == torch.bfloat16 else "float32")
+    _close(got.to(want.dtype), want, f"{result_dtype} against torch", dtype="bfloat16")
+
+    x = torch.full((2, 4), 1e-5)
+    want = torchs(x, torch.float64)
+    assert abs(float(want[0, 0]) - 0.02895) < 1e-4  # float32's eps, as stated above
+    got = lt.RMSNorm(4, result_dtype=result_dtype, dtype=torch.float64)(x).detach()
+    _close(got, want, f"{result_dtype}, float64 weight")
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [(lt.LayerNorm, torch.nn.LayerNorm),
+                                              (lt.RMSNorm, torch.nn.RMSNorm)])
+def test_modules_take_meta_tensors_and_empty_sizes_as_torchs(ours, theirs):
+    """Protects the modules against refusing what torch's modules take: on the meta device
+    (shape inference, deferred initialisation) they give a meta result of torch's shape and
+    dtype; a normalized size of 0 and a batch of 0 rows give torch's empty result. The
+    modules add no check of their own: the functions decide."""
+    for shape, x_shape in (((4,), (2, 3, 4)), ((0,), (2, 0)), ((4,), (0, 4)), ((2, 4), (3, 2, 4))):
+        for device in ("meta", "cpu"):
+            x = torch.randn(x_shape, device=device)
+            want = theirs(shape, device=device)(x)
+            got = ours(shape, device=device)(x)
+            assert (got.device, got.shape, got.dtype) == (want.device, want.shape, want.dtype), (
+                shape, x_shape, device)
+    weightless = ours(None, elementwise_affine=False, device="meta")
+    assert weightless(torch.randn(2, 5, device="meta")).shape == (2, 5)
 
 
 def test_an_empty_normalized_shape_is_refused_and_old_pickles_load():

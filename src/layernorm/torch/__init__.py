@@ -6,6 +6,7 @@
     y, h = lt.add_layer_norm(x, residual, (D,), weight, bias)   # h = x + residual, y = LN(h)
     y, h = lt.add_rms_norm(x, residual, (D,), weight)
     lt.LayerNorm(D), lt.RMSNorm(D)                       # subclasses of torch's modules
+    lt.PerHeadLayerNorm((heads, D))                      # a (heads, D) weight (Cohere's q/k)
     n = lt.replace_norms(model)                          # swap a model's norms in place:
                                                          # n.swapped, n.left by class
 
@@ -14,9 +15,10 @@ Triton kernels. float16, bfloat16, float32 and float64 on both. Each function is
 ``torch.library`` custom op with a fake implementation (``torch.compile(fullgraph=True)``),
 autograd (double backward included) and torch's autocast rule; under ``torch.func``
 transforms (grad, vmap, jvp, jacrev, jacfwd, hessian) and forward-mode AD the functions take
-one Python autograd Function with a hand-derived jvp (:mod:`._transforms`). ``memory_efficient=True`` (every
-function, both modules, ``replace_norms``) makes training keep each norm's output y instead of
-its input, which the next layer keeps anyway; its backward cannot be differentiated again.
+one Python autograd Function with a hand-derived jvp (:mod:`._transforms`).
+``memory_efficient=True`` (every function, the modules, ``replace_norms``) makes training
+keep each norm's output y instead of its input, which the next layer keeps anyway; its
+backward cannot be differentiated again.
 docs/torch.md has the details.
 Needs the extra ``torch`` (torch and numba; triton for CUDA).
 """
@@ -34,11 +36,12 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from . import _distributed  # noqa: F401 - how DTensor shards the ops, once DTensor is imported
 from ._functional import add_layer_norm, add_rms_norm, layer_norm, rms_norm
-from ._modules import LayerNorm, RMSNorm
+from ._modules import LayerNorm, PerHeadLayerNorm, RMSNorm
 from ._swap import SwapSummary, replace_norms
 
 __all__ = [
     "LayerNorm",
+    "PerHeadLayerNorm",
     "RMSNorm",
     "SwapSummary",
     "add_layer_norm",

@@ -18,6 +18,15 @@ Two options serve modules taking the place of other libraries' norms (``replace_
 ``memory_efficient=True`` (an attribute too, which may be set on a built module) passes the
 functions' option of that name: in training, autograd keeps the module's output y instead of
 its input (``layernorm.torch.layer_norm`` says more). It is not part of the state dict.
+
+``RMSNorm``'s ``eps=None`` is torch's: ``torch.finfo`` of the input's compute dtype (float32
+for float16, bfloat16 and float32 inputs, float64 for float64), whatever ``result_dtype`` makes
+the module compute in.
+
+``PerHeadLayerNorm`` takes the place of a LayerNorm whose weight spans more axes than it
+normalizes (Cohere's query/key norms: a (heads, head_dim) weight over (..., heads, head_dim),
+each head normalized on its own): the fused op normalizes the last axis without weight, and
+one more elementwise pass multiplies by the weight.
 """
 
 from __future__ import annotations
@@ -27,9 +36,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ._cpu import compute_dtype
 from ._functional import layer_norm, rms_norm
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["LayerNorm", "PerHeadLayerNorm", "RMSNorm"]
 
 RESULT_DTYPES = ("input", "promote", "half_weight")
 _HALF = (torch.float16, torch.bfloat16)
@@ -76,7 +86,11 @@ class _Ours:
                 self.weight.zero_()
 
     def _shape(self, x: Tensor) -> tuple[int, ...] | int:
-        return x.shape[-1] if self._last_axis else self.normalized_shape
+        if not self._last_axis:
+            return self.normalized_shape
+        if x.dim() == 0:
+            raise ValueError("input must have a last axis to normalize, got a 0-d tensor")
+        return x.shape[-1]
 
     def _result(self, x: Tensor, params: tuple[Tensor | None, ...]) -> torch.dtype | None:
         """The result's dtype where ``result_dtype`` makes it other than x's (else None)."""
@@ -95,9 +109,12 @@ class _Ours:
         """``norm(x, shape, *params, eps)`` (params: weight, then bias) in the wider of x's and
         the result's dtype, rounded once to the result's dtype."""
         out = self._result(x, params)
+        eps = self.eps
         if out is not None:
+            if eps is None:  # torch's eps for the input's dtype, not the one computed in
+                eps = torch.finfo(compute_dtype(x.dtype)).eps
             x = x.to(torch.promote_types(x.dtype, out))
-        y = norm(x, self._shape(x), *params, self.eps,
+        y = norm(x, self._shape(x), *params, eps,
                  zero_centered_gamma=self.zero_centered_gamma,
                  memory_efficient=self.memory_efficient)
         return y if out is None else y.to(out)
@@ -173,3 +190,56 @@ class RMSNorm(_Ours, torch.nn.RMSNorm):
                             zero_centered_gamma=self.zero_centered_gamma,
                             memory_efficient=self.memory_efficient)
         return self._run(rms_norm, x, self.weight)
+
+
+class PerHeadLayerNorm(_Ours, torch.nn.Module):
+    """LayerNorm over the last axis, times a weight that spans more axes: each (head_dim,)
+    row of the input (..., heads, head_dim) normalized on its own, then multiplied by the
+    (heads, head_dim) weight; Cohere's query/key norm (``CohereLayerNorm`` built with a
+    tuple), which ``replace_norms`` swaps for this module.
+
+        y = weight * layer_norm(input, (D,), eps=eps)   # (..., *weight_shape), D = last axis
+
+    The norm is the fused op without weight; the product is a torch op (one more elementwise
+    pass, and autograd's backward for it: dweight sums dy·xhat over the leading axes). The
+    result has the input's dtype. The state dict holds ``weight`` alone, of ``weight_shape``,
+    initialised to ones. ``memory_efficient`` as in the module docstring.
+    """
+
+    def __init__(self, weight_shape: int | Sequence[int], eps: float = 1e-5, device=None,
+                 dtype=None, *, memory_efficient: bool = False) -> None:
+        super().__init__()
+        shape = (weight_shape,) if isinstance(weight_shape, int) else weight_shape
+        if not isinstance(shape, Sequence) or not all(
+                isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise TypeError(f"weight_shape must be an int or a sequence of ints, got "
+                            f"{weight_shape!r}")
+        shape = tuple(shape)
+        if not shape or min(shape) < 0:
+            raise ValueError(f"weight_shape must have at least one axis (the last is "
+                             f"normalized) and sizes >= 0, got {shape}")
+        self.normalized_shape = self._options(shape[-1:], True, False, "input", memory_efficient)
+        self.weight_shape = shape
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        torch.nn.init.ones_(self.weight)
+
+    def forward(self, input: Tensor) -> Tensor:
+        """``input`` (..., *weight_shape) normalized over its last axis and multiplied by the
+        weight; same shape and dtype."""
+        n = len(self.weight_shape)
+        # a trace hands out sizes as tensors, and would warn at each one compared
+        if not torch.jit.is_tracing() and (
+                input.dim() < n or tuple(input.shape[-n:]) != self.weight_shape):
+            raise ValueError(f"input must end in the weight's shape {self.weight_shape}, got "
+                             f"input of shape {tuple(input.shape)}")
+        y = layer_norm(input, self.normalized_shape, None, None, self.eps,
+                       memory_efficient=self.memory_efficient)
+        out = y * self.weight
+        return out if out.dtype == input.dtype else out.to(input.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight_shape}, eps={self.eps}" + super().extra_repr()

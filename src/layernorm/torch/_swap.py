@@ -31,7 +31,9 @@ transformers is never imported here and a class absent from the installed versio
 The normalized shape is the class's own attribute where it has one (torch's modules and their
 subclasses, Olmo, EsmFold's c_in); otherwise the weight's size, these classes normalizing the
 last axis; a class without weight fixes no size, and ours (``normalized_shape=None``) takes
-the last axis whatever its size.
+the last axis whatever its size. A Cohere instance whose weight spans more axes than the last
+(its query/key norms: a (heads, head_dim) weight) becomes ``PerHeadLayerNorm``: the fused op
+normalizes the last axis without weight, and a torch multiply by the weight follows.
 
 Rounding against each original. Ours: statistics in float32 for half inputs (float64 for
 float64), the scale formed in the compute dtype, the result rounded once to its dtype. Where
@@ -51,7 +53,8 @@ tolerance of :mod:`layernorm.tolerances`:
   float32, the product with the scale included, rounded once, as ours. Except: in
   MuseSparkTextCentered 1 + weight is rounded to the weight's dtype first, and
   DeepseekV4Unweighted and Glm5NextTextUnweighted round rstd to the input's dtype before the
-  product.
+  product; and for Cohere's per-head norms ours round twice (the weightless norm to the
+  input's dtype, then its product with the weight).
 - t5 (T5, MT5, UMT5, LongT5, Idefics, ...): statistics in float32, x·rstd in float32 (or the
   input's wider dtype), rounded to the weight's dtype where that is half, then multiplied by
   the weight: two roundings. The result's dtype is the weight's where that is half, else the
@@ -68,9 +71,9 @@ changes, with ``strict=True``): every norm-like module (a class named ...LayerNo
 ...RMSNorm in any case, or a subclass of torch's two; not ours, and holding no such module
 itself) that is not swapped because its class is not in the table; it carries hooks, a forward
 set on the instance, or parameters, buffers or submodules its recipe does not take; its weight
-spans more axes than it normalizes (Cohere's per-head query/key norms: ours take one weight of
-the normalized shape); or the instance normalizes something else (channels_first, Qwen4's
-groups).
+spans more axes than it normalizes in a class other than Cohere's (LlamaRMSNorm built with a
+tuple: ours take one weight of the normalized shape); or the instance normalizes something
+else (channels_first, Qwen4's groups).
 """
 from __future__ import annotations
 
@@ -80,7 +83,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._modules import LayerNorm, RMSNorm, _Ours
+from ._modules import LayerNorm, PerHeadLayerNorm, RMSNorm, _Ours
 
 __all__ = ["SwapSummary", "replace_norms"]
 
@@ -98,6 +101,7 @@ class _Recipe:
     shape: str | None = None  # the attribute holding the normalized shape (None: see above)
     params: frozenset[str] | None = None  # the parameters it may hold (None: all ours take)
     check: Callable[[torch.nn.Module], str | None] | None = None  # why an instance is left
+    per_head: bool = False  # a weight over more axes than the last: PerHeadLayerNorm takes it
 
     def allowed(self) -> frozenset[str]:
         if self.params is not None:
@@ -128,7 +132,8 @@ RECIPES: dict[str, _Recipe] = {
     "gemma3n": _Recipe(RMSNorm, "eps"),
     "weightless": _Recipe(RMSNorm, "eps", params=_NONE),
     "t5": _Recipe(RMSNorm, "variance_epsilon", result="half_weight"),
-    "cohere": _Recipe(LayerNorm, "variance_epsilon", params=frozenset({"weight"})),
+    "cohere": _Recipe(LayerNorm, "variance_epsilon", params=frozenset({"weight"}),
+                      per_head=True),
     "olmo": _Recipe(LayerNorm, 1e-5, shape="normalized_shape", params=_NONE),
     "deberta": _Recipe(LayerNorm, "variance_epsilon", result="promote"),
     "esmfold": _Recipe(LayerNorm, "eps", shape="c_in"),
@@ -358,19 +363,31 @@ def _why_left(old: torch.nn.Module) -> str | None:
         extra = sorted(params - recipe.allowed()) + sorted(old._buffers) + sorted(old._modules)
         return f"it holds {', '.join(extra)} beyond what its recipe takes"
     weight = old._parameters.get("weight")
-    if recipe.shape is None and weight is not None and weight.dim() != 1:
+    if recipe.shape is None and weight is not None and weight.dim() != 1 and not _per_head(
+            recipe, weight):
         return (f"its weight has shape {tuple(weight.shape)} but it normalizes the last axis "
                 "alone; ours take one weight of the normalized shape")
     return recipe.check(old) if recipe.check else None
 
 
-def _ours(old: torch.nn.Module, memory_efficient: bool = False) -> LayerNorm | RMSNorm:
+def _per_head(recipe: _Recipe, weight: torch.Tensor | None) -> bool:
+    """Whether an instance of ``recipe`` with ``weight`` becomes PerHeadLayerNorm."""
+    return recipe.per_head and weight is not None and weight.dim() > 1
+
+
+def _ours(old: torch.nn.Module,
+          memory_efficient: bool = False) -> LayerNorm | RMSNorm | PerHeadLayerNorm:
     """Our module in ``old``'s place: its eps and training mode, its very Parameter objects
     (so their device, dtype, values, gradients and optimizer state go with them), and
     ``memory_efficient``."""
     recipe = TABLE[_key(type(old))]
     weight, bias = old._parameters.get("weight"), old._parameters.get("bias")
     eps = getattr(old, recipe.eps) if isinstance(recipe.eps, str) else recipe.eps
+    if _per_head(recipe, weight):
+        new = PerHeadLayerNorm(tuple(weight.shape), eps, device="meta",
+                               memory_efficient=memory_efficient)
+        new.weight = weight
+        return new.train(old.training)
     if recipe.shape is not None:
         shape = getattr(old, recipe.shape)
     else:
@@ -423,7 +440,8 @@ def replace_norms(model: torch.nn.Module, *, only: str | None = None,
     their own) that is not swapped is named, with the reason, in one ``UserWarning``: its class
     is not in the table; it carries hooks, a forward set on the instance, or tensors or
     submodules its recipe does not take; or ours cannot compute what it does (a weight spanning
-    more axes than it normalizes, channels_first, groups).
+    more axes than it normalizes outside Cohere's classes, channels_first, groups). Cohere's
+    per-head query/key norms become :class:`PerHeadLayerNorm`.
 
     Args:
         model: the module to change in place.
