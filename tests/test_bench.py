@@ -148,8 +148,13 @@ def test_report_section_writes_plot_and_table(tmp_path, monkeypatch, first_calls
     text = sec.body
     assert "![bandwidth](bench_cpu_bandwidth.png)" in text and "| 2x32 |" in text
     # the summary: what ran, then one headline per implementation timed, in BACKENDS order
-    assert "2 implementations" in sec.summary[0] and "2x32" in sec.summary[0]
+    assert "2 implementations" in sec.summary[0]
+    assert sec.summary[0].startswith("`layernorm bench` at 2x32 only (")
     assert [h.split("`")[1] for h in sec.summary[1:]] == IMPLS
+    # each headline names the shapes it covers, so it cannot be read as the peers' grid
+    assert all(h.startswith(f"`{impl}` at 2x32: ") for h, impl in zip(sec.summary[1:], IMPLS,
+                                                                        strict=True))
+    assert "The PyTorch API at 2x32: " in text or "layernorm.torch" not in IMPLS
     assert "left out here: " in text and "`torch.compile` (not here)" in text
     assert (tmp_path / "bench_cpu_bandwidth.png").exists()
     saved = json.loads((tmp_path / "bench_cpu.json").read_text())
@@ -732,3 +737,122 @@ def test_memory_efficient_verdict_judges_the_ratio_against_its_goal(speedups, fl
     p20 is beyond it, the spread shown between, and a flagged time gets no verdict."""
     rows, me = _me_pair(speedups, flags)
     assert results.me_verdict(rows, me) == want
+
+
+# --- the report's advice from the peers' grid (layernorm.bench.peers.answers) ----------------
+
+STEADY_MS = (1.0, 0.98, 1.02)  # ours: p50, p20, p80 within STEADY
+FASTER, SLOWER, LEVEL = (2.0, 1.95, 2.05), (0.5, 0.49, 0.51), (1.0, 0.98, 1.02)  # a peer's
+
+
+def _peer_row(norm: str, shape: str, mode: str, ours: tuple = STEADY_MS,
+              **peer_times: tuple) -> dict:
+    """A row of `layernorm bench --peers`: ours' and each peer's (p50, p20, p80) ms, ours'
+    speed over each peer its time over ours at p50 with a +-2% spread, judged as the command
+    judges it. torch_compile names torch.compile."""
+    from layernorm.bench import peers
+
+    def timed(t):
+        return {"p50_ms": t[0], "p20_ms": t[1], "p80_ms": t[2], "max_diff": 0.0}
+
+    providers = {"layernorm": timed(ours)}
+    for name, t in peer_times.items():
+        q = t[0] / ours[0]
+        providers[name.replace("_", ".")] = {**timed(t), "speedup": [q, q * 0.98, q * 1.02]}
+    row = {"norm": norm, "shape": shape, "dims": list(peers.SHAPES[shape]), "dtype": "float32",
+           "threads": 2, "mode": mode, "providers": providers}
+    peers._judge(row)
+    return row
+
+
+def _use(rows: list[dict]) -> list[str]:
+    """The advice's lines (and their nested notes), without the lead paragraph."""
+    from layernorm.bench import peers
+
+    return [ln for ln in peers.answers(rows)["use"].splitlines() if ln.lstrip().startswith("- ")]
+
+
+def test_advice_names_a_choice_only_at_a_strict_majority_of_the_decided_shapes():
+    """Protects "What to use on this machine" from naming a winner on a plurality: a choice is
+    named where it was faster at more than half of the shapes decided (faster, slower or level;
+    a noisy shape is not decided, so 3 of 5 decided names ours even though it is 3 of 6
+    shapes); two against two, or a peer ahead at 2 shapes with 4 level, names no winner but the
+    shapes where each was faster, or that most were level."""
+    majority = [_peer_row("layer_norm", s, "inference", torch=SLOWER if s.startswith("decode")
+                          else FASTER) for s in ("decode", "decode x8", "short", "BERT", "prefill")]
+    majority.append(_peer_row("layer_norm", "training", "inference", (1.0, 0.6, 1.6),
+                              torch=FASTER))  # ours' own time spread wide: too noisy to tell
+    assert _use(majority) == [
+        "- LayerNorm, inference: `layernorm.torch` (faster at 3 of 6 shapes; `torch` at "
+        "decode, decode x8); too noisy to tell at training"]
+    split = [_peer_row("add_layer_norm", s, "training", torch=t)
+             for s, t in (("decode", SLOWER), ("short", SLOWER), ("prefill", FASTER),
+                          ("training large", FASTER))]
+    assert _use(split) == [
+        "- add+LayerNorm, training: depends on the shape (none was faster at most of the 4 "
+        "shapes decided): `layernorm.torch` at prefill, training large; `torch` at decode, "
+        "short"]  # a tie lists ours first
+    plurality = [_peer_row("rms_norm", s, "training", torch=t, torch_compile=c)
+                 for s, t, c in (("decode", SLOWER, FASTER), ("short", SLOWER, FASTER),
+                                 ("BERT", FASTER, SLOWER), ("prefill", FASTER, FASTER),
+                                 ("training", FASTER, FASTER))]
+    assert _use(plurality) == [
+        "- RMSNorm, training: depends on the shape (none was faster at most of the 5 shapes "
+        "decided): `layernorm.torch` at prefill, training; `torch` at decode, short; "
+        "`torch.compile` at BERT"]
+    mostly_level = [_peer_row("add_rms_norm", s, "inference", torch=FASTER, onnxruntime=t)
+                    for s, t in (("decode", SLOWER), ("decode x8", SLOWER), ("short", LEVEL),
+                                 ("BERT", LEVEL), ("prefill", LEVEL), ("training", LEVEL))]
+    assert _use(mostly_level)[0] == (
+        "- add+RMSNorm, inference: any (level at 4 of 6 shapes: short, BERT, prefill, "
+        "training; `onnxruntime` at decode, decode x8)")
+
+
+def test_advice_says_where_onnxruntime_applies_and_what_to_use_within_pytorch():
+    """Protects the advice from offering onnxruntime as a drop-in: wherever it is named, a
+    nested line says it applies to a model exported to ONNX and run in onnxruntime, not to a
+    norm swapped in PyTorch, and gives the advice among the PyTorch providers alone; a line
+    that does not name it has no such note."""
+    rows = [_peer_row("rms_norm", s, "inference", torch=FASTER, onnxruntime=SLOWER)
+            for s in ("decode", "short", "BERT")]
+    rows += [_peer_row("rms_norm", s, "training", torch=FASTER) for s in ("decode", "short")]
+    assert _use(rows) == [
+        "- RMSNorm, inference: `onnxruntime` (faster at 3 of 3 shapes)",
+        "  - `onnxruntime` means a model exported to ONNX and run in onnxruntime "
+        "(`docs/export.md`), whose norms are its fused operators; it is not a per-op swap in a "
+        "PyTorch model; within PyTorch: `layernorm.torch` (faster at 3 of 3 shapes)",
+        "- RMSNorm, training: `layernorm.torch` (faster at 2 of 2 shapes)"]
+
+
+def test_peers_report_section_says_which_command_and_shapes_each_line_covers(tmp_path,
+                                                                            monkeypatch):
+    """Protects the report from two sections that read as contradicting each other: the
+    peers' summary, the advice and the faster answer name `layernorm bench --peers` and each
+    shape with its extents, and the advice says that the CPU kernels section's shapes are
+    others; the kernel section's lines name their shapes (see
+    test_report_section_writes_plot_and_table)."""
+    from layernorm.bench import peers
+
+    rows = [_peer_row("layer_norm", s, m, torch=SLOWER) for s in ("decode", "BERT")
+            for m in peers.MODES]
+    monkeypatch.setattr(peers, "run", lambda cases, rounds, progress: {
+        "meta": {"peers": {"torch": None, "torch.compile": None, "onnxruntime": None}},
+        "rows": rows})
+    monkeypatch.setattr(command, "_end_to_end", lambda result, rounds, threads: None)
+    monkeypatch.setattr(command, "_plot", lambda *args: "(plot)")
+    sec = command.peers_report_section(ReportContext(outdir=tmp_path, quick=True))
+    grid = ("`layernorm bench --peers` (float32, 2 threads; 2 shapes: decode 1x1x4096, "
+            "BERT 8x128x768)")
+    # decode in inference: 0.5x torch, on its goal of 1/2 (too close to call)
+    assert sec.summary[0] == (f"{grid}, inference and training: 0 of 4 cases met their goal "
+                              "against the best peer, 3 missed, 1 undecided (too noisy to "
+                              "tell, or within the guard band)")
+    assert sec.answers["use"].startswith(f"From {grid}, per norm and mode: ")
+    assert f"all timed in the same run of {grid}: " in sec.answers["faster"]
+    assert sec.answers["use"].endswith(
+        "This advice covers the shapes above only. The [CPU kernels and bandwidth]"
+        "(#cpu-kernels-and-bandwidth) section times one training step (fwd+bwd) at 4x256x768 "
+        "and 4x1024x4096 against torch eager alone, so its verdicts can differ from these "
+        "lines without contradicting them.")
+    assert f"<details><summary>All 4 cases of {grid}, inference and training</summary>" in (
+        sec.body)

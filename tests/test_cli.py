@@ -315,6 +315,17 @@ def test_report_writes_markdown(tmp_path, monkeypatch, default_checks):
     assert "0 failed" in text[details:] and "<details><summary>All " in text[details:]
 
 
+def test_an_answer_ending_in_a_nested_list_gets_its_link_on_a_line_of_its_own():
+    """Protects the first screen's Markdown: an answer whose last line is a nested list item
+    (the advice's note on onnxruntime) is followed by its section link as a paragraph, not
+    with the link glued to that note."""
+    use = "Lead.\n\n- RMSNorm, inference: `onnxruntime`\n  - a note"
+    lines = report._answers([("CPU versus peers", report.Section([], "", {"use": use}), 0.0)])
+    at = lines.index("## What to use on this machine")
+    assert lines[at:at + 6] == ["## What to use on this machine", "", use, "",
+                                "([cpu versus peers](#cpu-versus-peers))", ""]
+
+
 def test_anchor_matches_the_headings():
     """Protects the summary's links: the anchor of each section title as Markdown renderers
     make it."""
@@ -340,6 +351,25 @@ def test_python_dash_m():
     res = subprocess.run([sys.executable, "-m", "layernorm", "--help"], capture_output=True,
                          text=True, check=False)
     assert res.returncode == 0 and "check" in res.stdout and "report" in res.stdout
+
+
+def test_version_prints_the_installed_version(capsys):
+    """Protects `layernorm --version`: exactly one line, `layernorm` and the version pip
+    installed (which `layernorm.__version__` states), on stdout with exit status 0, in
+    process and through `python -m layernorm`."""
+    from importlib.metadata import version
+
+    import layernorm
+
+    installed = version("layernorm")
+    assert layernorm.__version__ == installed
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr() == (f"layernorm {installed}\n", "")
+    res = subprocess.run([sys.executable, "-m", "layernorm", "--version"], capture_output=True,
+                         text=True, check=False)
+    assert (res.returncode, res.stdout, res.stderr) == (0, f"layernorm {installed}\n", "")
 
 
 def test_import_needs_numpy_only():

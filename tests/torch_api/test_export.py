@@ -14,7 +14,9 @@ from __future__ import annotations
 import collections
 import copy
 import io
+import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ from layernorm.tolerances import assert_close  # noqa: E402
 
 D = 16
 VOCAB, HIDDEN, LAYERS, SEQ = 100, 32, 2, 8
+EXPORT_DOC = Path(__file__).resolve().parents[2] / "docs" / "export.md"
 RMS_OPSET = 23  # the first ONNX opset with RMSNormalization
 
 pytestmark = [
@@ -230,6 +233,52 @@ def test_transformers_model_exports_with_the_dynamo_exporter(build):
     for operator, one standard norm operator per swapped module, and onnxruntime's logits
     equal to eager's."""
     _check_model_export(build, "dynamo", RMS_OPSET)
+
+
+def _doc_example() -> str:
+    """The ONNX example of docs/export.md as written: its one Python block that exports."""
+    blocks = [code for code in re.findall(r"```python\n(.*?)```", EXPORT_DOC.read_text(), re.S)
+              if "torch.onnx.export" in code]
+    assert len(blocks) == 1, "docs/export.md: one Python block should call torch.onnx.export"
+    return blocks[0]
+
+
+def test_the_onnx_example_of_the_docs_runs_as_written(tmp_path, monkeypatch):
+    """Protects docs/export.md's ONNX example, its code taken from the document: run as
+    written it writes model.onnx, of standard operators with one RMSNormalization per norm of
+    the two-layer Llama (5), which onnxruntime runs to the swapped model's own logits; and what
+    the text says of use_cache: without use_cache=False the export fails on the DynamicCache
+    the model returns, and model.config.use_cache = False set after the model is built leaves
+    no cache in its output."""
+    tf = pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript")
+    onnx = pytest.importorskip("onnx")
+    code = _doc_example()
+    monkeypatch.chdir(tmp_path)  # the example saves model.onnx where it runs
+    example: dict = {}
+    exec(compile(code, str(EXPORT_DOC), "exec"), example)
+    model = onnx.load(str(tmp_path / "model.onnx"))
+    ops = _ops(model)
+    _standard_only(ops)
+    assert ops["", "RMSNormalization"] == 2 * LAYERS + 1
+    with torch.no_grad():
+        want = example["model"](example["ids"]).logits
+    (got,) = _run_onnx(model, example["ids"])
+    _close(got, want, "the example's logits")
+
+    assert ", use_cache=False" in code
+    default = code.replace(", use_cache=False", "").replace("model.onnx", "default.onnx")
+    with pytest.raises(torch.onnx.OnnxExporterError, match="DynamicCache"):
+        exec(compile(default, str(EXPORT_DOC), "exec"), {})
+    assert not (tmp_path / "default.onnx").exists()
+    config = copy.deepcopy(example["config"])
+    config.use_cache = tf.LlamaConfig().use_cache  # transformers' default
+    assert config.use_cache is True
+    built = tf.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        assert built(example["ids"]).past_key_values is not None
+        built.config.use_cache = False
+        assert built(example["ids"]).past_key_values is None
 
 
 def test_bert_exports_with_the_torchscript_exporter():

@@ -14,6 +14,9 @@
                  compared with ours (largest absolute difference), then interleaved rounds
     run          the grid, saved as one JSON file per kind of run (``cpu-peers.json``)
     table, plot  the table (ours over the best peer, and each peer) and a plot
+    answers      the report's first screen from a run: ours' speed per norm and mode, and what
+                 to use (:func:`advice`: a choice only at a strict majority of the shapes
+                 decided), each saying the grid it covers (:func:`scope`)
 
 Every provider runs in the same grad mode on the same inputs. A peer without a kernel for a
 dtype here (onnxruntime's CPU operators take no bfloat16) is shown absent with the reason, not
@@ -53,9 +56,10 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "LLAMA", "MODES", "PEERS",
-           "ROUNDS", "SHAPES", "Absent", "Case", "answers", "available_peers", "doc_section",
-           "end_to_end_verdict", "figure", "format_end_to_end", "judged_against",
-           "llama_end_to_end", "load", "measure", "onnx_model", "plot", "run", "summary", "table"]
+           "ONNX_ROUTE", "ROUNDS", "SHAPES", "Absent", "Case", "advice", "answers",
+           "available_peers", "doc_section", "end_to_end_verdict", "figure", "format_end_to_end",
+           "judged_against", "llama_end_to_end", "load", "measure", "onnx_model", "plot", "run",
+           "scope", "summary", "table"]
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "decode": (1, 1, 4096),
@@ -429,39 +433,110 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _standing(rows: list[dict]) -> dict[tuple[str, str], dict]:
-    """Per (norm, mode): each row's fastest peer at p50 (every peer timed, whatever the row is
-    judged against) and ours' speed over it, sorted into faster (p20 of the per-round ratios
-    above 1), slower (p80 below 1), level, and too noisy to tell (a time's p80/p20 at
-    :data:`layernorm.bench.results.STEADY` or more)."""
+def _grid(rows: list[dict]) -> list[tuple[str, int]]:
+    """The (dtype, threads) pairs of ``rows``, sorted."""
+    return sorted({(r["dtype"], r["threads"]) for r in rows})
+
+
+def _standing(rows: list[dict], names: tuple[str, ...] = PEERS) -> dict[tuple[str, str], dict]:
+    """Per (norm, mode): each row's fastest at p50 of the peers ``names`` (every one timed,
+    whatever the row is judged against) and ours' speed over it, sorted into faster (p20 of
+    the per-round ratios above 1), slower (p80 below 1), level, and too noisy to tell (a
+    time's p80/p20 at :data:`layernorm.bench.results.STEADY` or more). Each entry is (case,
+    peer, ours' speed at p50 or None): the case is the row's shape, followed by its dtype and
+    threads where ``rows`` hold several of those."""
+    several = len(_grid(rows)) > 1
     out: dict[tuple[str, str], dict] = {}
     for r in rows:
+        case = f"{r['shape']} ({r['dtype']}, {r['threads']}t)" if several else r["shape"]
         ours = r["providers"].get("layernorm", {})
         timed = {k: v for k, v in r["providers"].items()
-                 if k in PEERS and "p50_ms" in v and "speedup" in v}
+                 if k in names and "p50_ms" in v and "speedup" in v}
         if "p50_ms" not in ours or not timed:
             continue
         peer = min(timed, key=lambda k: timed[k]["p50_ms"])
         s = out.setdefault((r["norm"], r["mode"]), {"faster": [], "slower": [], "level": [],
                                                      "noisy": []})
         if results.noisy(ours, timed[peer]):
-            s["noisy"].append((r["shape"], peer, None))
+            s["noisy"].append((case, peer, None))
             continue
         p50, lo, hi = timed[peer]["speedup"]
-        s["faster" if lo > 1 else "slower" if hi < 1 else "level"].append((r["shape"], peer, p50))
+        s["faster" if lo > 1 else "slower" if hi < 1 else "level"].append((case, peer, p50))
     return out
+
+
+def scope(rows: list[dict]) -> str:
+    """The grid ``rows`` cover, in words: the command that times it, its dtypes and thread
+    counts, and each shape with its extents, so that a figure quoted from it says where it
+    holds."""
+    grid = _grid(rows)
+    dtypes = list(dict.fromkeys(d for d, _ in grid))
+    threads = sorted({t for _, t in grid})
+    if len(grid) == len(dtypes) * len(threads):  # every dtype at every thread count
+        where = (f"{' and '.join(dtypes)}, {' and '.join(map(str, threads))} "
+                 f"thread{'s' if threads != [1] else ''}")
+    else:
+        where = "; ".join(f"{d}, {t} thread{'s' if t > 1 else ''}" for d, t in grid)
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    named = ", ".join(f"{s} {'x'.join(map(str, SHAPES[s]))}" if s in SHAPES else s
+                      for s in shapes)
+    return f"`layernorm bench --peers` ({where}; {len(shapes)} shapes: {named})"
+
+
+# What onnxruntime's place in the advice means for a PyTorch user.
+ONNX_ROUTE = ("`onnxruntime` means a model exported to ONNX and run in onnxruntime "
+              "(`docs/export.md`), whose norms are its fused operators; it is not a per-op "
+              "swap in a PyTorch model")
+
+
+def advice(s: dict, unit: str = "shapes") -> str:
+    """What to use for one norm and mode, from its standing (:func:`_standing`): a choice only
+    where it was faster beyond the noise at a strict majority of the shapes decided (faster,
+    slower or level; a shape too noisy to tell is not decided); "any" where no shape was
+    decided either way, or where the level shapes are that majority; otherwise "depends on
+    the shape", naming the shapes where each was faster. The too-noisy shapes follow, named.
+    ``unit`` names what the entries are: "shapes", or "cases" where they span several dtypes
+    or thread counts."""
+    wins: dict[str, list[str]] = {}
+    for shape, _, _ in s["faster"]:
+        wins.setdefault("layernorm.torch", []).append(shape)
+    for shape, peer, _ in s["slower"]:
+        wins.setdefault(peer, []).append(shape)
+    level = [shape for shape, _, _ in s["level"]]
+    decided = len(level) + sum(len(v) for v in wins.values())
+    total = decided + len(s["noisy"])
+    noisy = ", ".join(shape for shape, _, _ in s["noisy"])
+    tail = f"; too noisy to tell at {noisy}" if noisy else ""
+    if not decided:
+        return f"none named (too noisy to tell at all {total} {unit}: {noisy})"
+    ranked = sorted(wins, key=lambda k: -len(wins[k]))  # ties keep ours first
+    at = [f"`{k}` at {', '.join(wins[k])}" for k in ranked]
+    if not wins:
+        return (f"any (no {unit[:-1]} faster or slower beyond the noise; level at "
+                f"{', '.join(level)}){tail}")
+    top = ranked[0]
+    if 2 * len(wins[top]) > decided:
+        return (f"`{top}` (faster at {len(wins[top])} of {total} {unit}"
+                + "".join(f"; {a}" for a in at[1:])
+                + (f"; level at {', '.join(level)}" if level else "") + f"){tail}")
+    if 2 * len(level) > decided:
+        return (f"any (level at {len(level)} of {total} {unit}: {', '.join(level)}; "
+                + "; ".join(at) + f"){tail}")
+    return (f"depends on the shape (none was faster at most of the {decided} {unit} "
+            "decided): "
+            + "; ".join(at) + (f"; level at {', '.join(level)}" if level else "") + tail)
 
 
 def answers(rows: list[dict], e2e: dict | None = None) -> dict[str, str]:
     """The report's first screen from one run: "faster" (per norm and mode, ours' speed over
     the fastest peer of each shape, median and counts, noisy shapes named as such; the
-    end-to-end model) and "use" (per norm and mode, what was faster beyond the noise at most
-    shapes; level shapes named, counted for neither)."""
+    end-to-end model) and "use" (per norm and mode, :func:`advice`; where onnxruntime is
+    named, what it applies to and the advice among the PyTorch providers alone)."""
     standing = _standing(rows)
     if not standing:
         return {}
-    grid = sorted({(r["dtype"], r["threads"]) for r in rows})
-    where = ", ".join(f"{d}, {t} thread{'s' if t > 1 else ''}" for d, t in grid)
+    in_torch = _standing(rows, ("torch", "torch.compile"))
+    unit = "cases" if len(_grid(rows)) > 1 else "shapes"
     lines, use = [], []
     for norm in dict.fromkeys(r["norm"] for r in rows):
         cells = []
@@ -472,53 +547,48 @@ def answers(rows: list[dict], e2e: dict | None = None) -> dict[str, str]:
                 continue
             steady = s["faster"] + s["slower"] + s["level"]
             n = len(steady) + len(s["noisy"])
+            title = f"{family_norm(norm).title}, {mode}"
+            use.append(f"- {title}: {advice(s, unit)}")
+            if any(peer == "onnxruntime" for _, peer, _ in s["slower"]):
+                within = in_torch.get((norm, mode))
+                use.append(f"  - {ONNX_ROUTE}"
+                           + (f"; within PyTorch: {advice(within, unit)}" if within else ""))
             if not steady:
-                cells.append(f"too noisy to tell at all {n} shapes")
+                cells.append(f"too noisy to tell at all {n} {unit}")
                 continue
             med = float(np.median([q for _, _, q in steady]))
             weakest = min(steady, key=lambda t: t[2])
             text = (f"**{med:.2f}x** (faster at {len(s['faster'])}, level at "
-                    f"{len(s['level'])}, slower at {len(s['slower'])} of {n} shapes")
+                    f"{len(s['level'])}, slower at {len(s['slower'])} of {n} {unit}")
             if s["noisy"]:
                 text += f"; too noisy to tell at {len(s['noisy'])}"
             if weakest[2] < 1:
                 text += f"; slowest {weakest[2]:.2f}x {weakest[1]} at {weakest[0]}"
             cells.append(text + ")")
-            # only shapes decided either way: a level one is no reason to pick either
-            wins: dict[str, list[str]] = {}
-            for shape, _, _ in s["faster"]:
-                wins.setdefault("layernorm.torch", []).append(shape)
-            for shape, peer, _ in s["slower"]:
-                wins.setdefault(peer, []).append(shape)
-            level = [shape for shape, _, _ in s["level"]]
-            tail = f"; level at {', '.join(level)}" if level else ""
-            if not wins:
-                use.append(f"- {family_norm(norm).title}, {mode}: any (no shape faster or "
-                           f"slower beyond the noise{tail})")
-                continue
-            top = max(wins, key=lambda k: len(wins[k]))
-            rest = "; ".join(f"`{k}` at {', '.join(v)}" for k, v in wins.items() if k != top)
-            use.append(f"- {family_norm(norm).title}, {mode}: `{top}` (faster at "
-                       f"{len(wins[top])} of {n} shapes" + (f"; {rest}" if rest else "")
-                       + tail + ")")
         lines.append(f"| {family_norm(norm).title} | " + " | ".join(cells) + " |")
+    where = scope(rows)
     faster = (
         f"Ours (`layernorm.torch`) against the fastest of torch eager, torch.compile and "
-        f"onnxruntime at each shape, all timed in this run ({where}; {len(SHAPES)} shapes "
-        "from decode to long rows): the median, over the shapes timed steadily, of the fastest "
-        "peer's time over ours, above 1 meaning ours is faster. A shape counts as faster or "
-        "slower only where the per-round ratios' p20-p80 lies wholly on that side of 1, and "
-        "not at all where a time was too noisy to tell.\n\n"
+        f"onnxruntime at each shape, all timed in the same run of {where}: the median, over "
+        "the shapes timed steadily, of the fastest peer's time over ours, above 1 meaning ours "
+        "is faster. A shape counts as faster or slower only where the per-round ratios' "
+        "p20-p80 lies wholly on that side of 1, and not at all where a time was too noisy to "
+        "tell. onnxruntime's times are its fused operator alone, as a model exported to ONNX "
+        "runs it.\n\n"
         "| norm | inference | training |\n|---|---|---|\n" + "\n".join(lines))
     if e2e is not None:
         faster += "\n\nIn a Llama-shaped model (" + "; ".join(
             f"{task}: {e2e[task]['speedup'][0]:.2f}x, {end_to_end_verdict(task, e2e[task])}"
             for task in ("train step", "generate")) + ")."
-    use_text = (f"From this run ({where}): per norm and mode, what was faster beyond the "
-                "noise (ours against the fastest peer of each shape) at most shapes, where "
-                "something else was, and where they were level; the other shapes were too noisy "
-                "to tell. bfloat16 and 1 thread: `layernorm bench --peers --full`.\n\n"
-                + "\n".join(use))
+    use_text = (f"From {where}, per norm and mode: ours against the fastest peer at each "
+                "shape. A choice is named only where it was faster beyond the noise at more "
+                "than half of the shapes decided (faster, slower or level; a shape too noisy "
+                "to tell is not decided); where level shapes are that majority, any will do; "
+                "otherwise it depends on the shape, and the line names the shapes where each "
+                "was faster."
+                + ("" if unit == "cases" else " Other dtypes and thread counts: "
+                   "`layernorm bench --peers --full`.")
+                + "\n\n" + "\n".join(use))
     return {"faster": faster, "use": use_text}
 
 

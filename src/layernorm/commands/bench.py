@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from ..bench import gpu, peers, providers, results
 from ..bench.harness import STANDARD_SHAPES, Case, first_call_latency, run_bench, set_threads
 from ..dtypes import NAMES
 from . import count, shape, usage_error, writable
-from .report import Section, folded
+from .report import Section, anchor, folded
 
 __all__ = ["OURS", "REPORT_SHAPES", "add_arguments", "gpu_report_section", "parse_shape",
            "peers_report_section", "report_section", "run", "run_cuda", "run_peers"]
@@ -274,12 +275,15 @@ def peers_report_section(ctx: object) -> Section:
     rows = result["rows"]
     plot = _plot(peers.plot, rows, ctx.outdir / "bench_peers.png", "ours against the best peer")
     left = [f"`{k}` ({v})" for k, v in result["meta"]["peers"].items() if v is not None]
-    heads = peers.summary(rows)
+    grid = f"{peers.scope(rows)}, inference and training"
+    first, *rest = peers.summary(rows)
+    heads = [f"{grid}: {first}", *rest]
     e2e = _end_to_end(result, 3 if ctx.quick else peers.ROUNDS, min(2, os.cpu_count() or 1))
     results.save(result, ctx.outdir / "bench_peers.json")
     e2e_text = "End to end: transformers is not installed.\n\n"
     if e2e is not None:
-        heads.append("end to end (Llama-shaped): " + "; ".join(
+        heads.append("end to end, a Llama-shaped model with its norms swapped (the same "
+                     "command): " + "; ".join(
             f"{task} {peers.end_to_end_verdict(task, e2e[task])} "
             f"({e2e[task]['speedup'][0]:.2f}x)" for task in ("train step", "generate")))
         e2e_text = peers.format_end_to_end(e2e) + "\n\n"
@@ -298,9 +302,18 @@ def peers_report_section(ctx: object) -> Section:
         f"only where ours and that peer were steady (p80/p20 < {results.STEADY}): otherwise "
         "\"too noisy to tell\". "
         + (f"Left out here: {', '.join(left)}. " if left else "")
-        + "The full grid (bfloat16, 1 thread): `layernorm bench --peers --full`.\n\n"
-        + e2e_text + plot + "\n\n" + folded("All cases", peers.table(rows)) + "\n")
-    return Section(heads, body, peers.answers(rows, e2e))
+        + f"The grid: {grid}. The full grid (bfloat16, 1 thread): "
+        "`layernorm bench --peers --full`.\n\n"
+        + e2e_text + plot + "\n\n"
+        + folded(f"All {len(rows)} cases of {grid}", peers.table(rows)) + "\n")
+    answers = peers.answers(rows, e2e)
+    if "use" in answers:
+        answers["use"] += (
+            f"\n\nThis advice covers the shapes above only. The [CPU kernels and bandwidth]"
+            f"({anchor('CPU kernels and bandwidth')}) section times one training step "
+            f"(fwd+bwd) at {_shapes(REPORT_SHAPES)} against torch eager alone, so its "
+            "verdicts can differ from these lines without contradicting them.")
+    return Section(heads, body, answers)
 
 
 def run_cuda(args: argparse.Namespace) -> int:
@@ -354,11 +367,16 @@ def report_section(ctx: object) -> Section:
     left_out = [f"`{b}` ({providers.why_not('layer_norm', b)})"
                 for b in providers.BACKENDS if b not in backends]
     api = results.torch_table(rows, markdown=True)
-    heads = results.headlines(rows)
-    summary = [f"{len(rows)} timings of {len(backends)} implementations, "
-               f"{results.n_threads(result['meta']['threads'])}, float32, shapes "
-               + ", ".join("x".join(map(str, s)) for s in REPORT_SHAPES)
-               + "; each verdict below only where the spread of the rounds allows one:",
+    shapes = _shapes(REPORT_SHAPES)
+    # each headline names its shapes: a line quoted alone must not read as the peers' grid
+    heads = [re.sub(r"^(`[^`]+`): ", lambda m: f"{m.group(1)} at {shapes}: ", line)
+             for line in results.headlines(rows)]
+    summary = [f"`layernorm bench` at {shapes} only "
+               f"({results.n_threads(result['meta']['threads'])}, float32; fwd+bwd is one "
+               f"training step, against torch eager): {len(rows)} timings of {len(backends)} "
+               "implementations; each verdict below only where the spread of the rounds "
+               "allows one, and only for these shapes (the first screen's answers come from "
+               f"the peers' grid: [CPU versus peers]({anchor('CPU versus peers')}))",
                *heads]
     body = (
         f"Fused Numba kernels (`layernorm.cpu`) and this package's PyTorch API on them "
@@ -389,18 +407,25 @@ def report_section(ctx: object) -> Section:
         f"not failed).\n\n"
         + results.regime_note(result["meta"]["llc_bytes"]) + "\n\n"
         + results.summary_table(rows, markdown=True)
-        + (f"\n\nThe PyTorch API: fwd+bwd time of `torch` and `torch.compile` over "
-           f"`layernorm.torch`'s (p50 and p20-p80 of per-round ratios).\n\n{api}" if api else "")
-        + (f"\n\nThe memory-efficient backward (`fused-me`, `layernorm.torch-me`: "
+        + (f"\n\nThe PyTorch API at {shapes}: fwd+bwd time of `torch` and `torch.compile` "
+           f"over `layernorm.torch`'s (p50 and p20-p80 of per-round ratios).\n\n{api}"
+           if api else "")
+        + (f"\n\nThe memory-efficient backward at {shapes} (`fused-me`, `layernorm.torch-me`: "
            f"`memory_efficient=True`, xhat recovered from y): its time over the default "
            f"mode's (p50 and p20-p80 of per-round ratios); goal <= {results.ME_GOAL:.2f}x."
            f"\n\n{me}" if (me := results.me_table(rows, markdown=True)) else "")
         + ("" if latency is None else "\n\nCompiled kernels are cached on disk; "
            + results.format_latency(latency) + ".")
         + f"\n\n{plot}\n\n"
-        + folded("All rows", results.format_table(rows, markdown=True)) + "\n"
+        + folded(f"All rows ({shapes})", results.format_table(rows, markdown=True)) + "\n"
     )
     return Section(summary, body)
+
+
+def _shapes(shapes: tuple[tuple[int, ...], ...]) -> str:
+    """``shapes`` as the report names them: "4x256x768 and 4x1024x4096"."""
+    names = ["x".join(map(str, s)) for s in shapes]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
 
 
 def _gpu_headline(rows: list[dict]) -> str:

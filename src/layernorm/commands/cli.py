@@ -2,10 +2,12 @@
 
 Each module has ``add_arguments`` and ``run``; the first line of its docstring is the
 sub-command's help, and its ``DESCRIPTION`` (else its docstring) the ``--help`` text, shown as
-plain text (:func:`plain`). A missing optional dependency, or a file that cannot be written,
-ends the command with one line and exit status 2, as a command-line mistake does. Ctrl-C
-(KeyboardInterrupt) ends any command with one line, ``layernorm COMMAND: interrupted``, and
-exit status 130 (128 + SIGINT, as a shell reports a command ended by it).
+plain text (:func:`plain`). ``layernorm --version`` prints ``layernorm`` and the package's
+version (:data:`layernorm.__version__`), exit status 0. A missing optional dependency, or a
+file that cannot be written, ends the command with one line and exit status 2, as a
+command-line mistake does. Ctrl-C (KeyboardInterrupt) ends any command with one line,
+``layernorm COMMAND: interrupted``, and exit status 130 (128 + SIGINT, as a shell reports a
+command ended by it).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 import sys
 from collections.abc import Sequence
 
+from .. import __version__
 from . import one_line_errors, usage_error
 
 COMMANDS: dict[str, str] = {
@@ -49,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "gradient checks, numerics, cost model, fused kernels and their speed.",
     )
     one_line_errors(parser)
+    parser.add_argument("--version", action="version", version=f"layernorm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         mod = importlib.import_module(module)

@@ -88,8 +88,9 @@ def _answers(done: list[tuple[str, Section, float]]) -> list[str]:
         for title, text in said:
             link = f"([{title.lower()}]({anchor(title)}))"
             text = text.strip()
-            # after a list the link gets a line of its own, not the last item's
-            lines += ([text, "", link, ""] if text.splitlines()[-1].startswith("- ")
+            # after a list (nested items included) the link gets a line of its own, not the
+            # last item's
+            lines += ([text, "", link, ""] if text.splitlines()[-1].lstrip().startswith("- ")
                       else [f"{text} {link}", ""])
     return lines
 
