@@ -19,10 +19,13 @@ import io
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
 import warnings
+from decimal import Decimal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,7 +36,7 @@ pytest.importorskip("numba")
 import layernorm.torch as lt  # noqa: E402
 from layernorm import recovery, reference  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
-from layernorm.tolerances import assert_close  # noqa: E402
+from layernorm.tolerances import assert_close, compare  # noqa: E402
 from layernorm.torch import _cpu, _ops  # noqa: E402
 
 FAMILY = list(NORMS)
@@ -194,6 +197,87 @@ def test_add_norm_float32_residual_stream(name):
     assert got["h"].dtype == torch.float32 and got["dr"].dtype == torch.float32
     assert got["dx"].dtype == torch.bfloat16
     _close_to(got, base, "bfloat16", name)
+
+
+def test_wide_residual_warning_names_the_case():
+    """Protects the message the functional layer warns with: given where h (residual_dtype)
+    is more precise than x (bfloat16 or float16 x and a float32 h, bfloat16 x and a float16
+    h, float32 x and a float64 h), naming both dtypes, the flag and its remedy; None where h
+    is x's dtype, less precise, or not given."""
+    for x_dtype, h_dtype in ((torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                             (torch.bfloat16, torch.float16), (torch.float32, torch.float64)):
+        msg = _ops.wide_residual_warning(x_dtype, h_dtype)
+        x_name, h_name = str(x_dtype)[6:], str(h_dtype)[6:]
+        assert msg is not None and f"residual_dtype={h_name}" in msg and f"x's {x_name}" in msg
+        assert "memory_efficient=True" in msg and "memory_efficient=False" in msg
+    for x_dtype, h_dtype in ((torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+                             (torch.float16, torch.bfloat16), (torch.bfloat16, None)):
+        assert _ops.wide_residual_warning(x_dtype, h_dtype) is None, (x_dtype, h_dtype)
+
+
+NUMERICS = Path(__file__).resolve().parents[2] / "docs" / "numerics.md"
+# A figure as docs/numerics.md quotes one: digits with a point, optionally an exponent.
+_FIGURE = re.compile(r"(?<![\w.^])\d+\.\d+(?:e[+-]\d+)?(?![\w.])")
+
+
+def _wide_residual_doc() -> tuple[str, str, str]:
+    """(paragraph, script, printed output) of docs/numerics.md's "A residual stream wider
+    than x"."""
+    text = NUMERICS.read_text()
+    para = re.search(r"\*\*A residual stream wider than x\.\*\*(.*?)\n\n", text, re.S)
+    script = re.search(r"<!-- wide residual: script -->\n```python\n(.*?)```", text, re.S)
+    output = re.search(r"<!-- wide residual: output -->\n```text\n(.*?)```", text, re.S)
+    assert para and script and output, "docs/numerics.md lacks the wide residual section"
+    return para.group(1), script.group(1), output.group(1)
+
+
+def test_wide_residual_figures_are_what_the_script_prints():
+    """Protects docs/numerics.md's figures for a residual stream wider than x (bfloat16 and
+    float16 x, float32 h; dresidual carries y's rounding in the memory-efficient mode): the
+    script it quotes prints the lines of its output block, the names equal and each figure
+    within 10% (the kernels' sums follow the host's vector width, so a last digit may move
+    between machines), and every figure its paragraph quotes is one of that output's."""
+    para, script, output = _wide_residual_doc()
+    res = _run(script)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got, want = res.stdout.split("\n"), output.split("\n")
+    assert len(got) == len(want), res.stdout
+    for g, w in zip(got, want, strict=True):
+        gw, ww = g.split(), w.split()
+        assert [t for t in gw if not _FIGURE.fullmatch(t)] == \
+            [t for t in ww if not _FIGURE.fullmatch(t)], (g, w)
+        for a, b in zip(gw, ww, strict=True):
+            if _FIGURE.fullmatch(b):
+                assert abs(float(a) - float(b)) <= 0.1 * float(b), (g, w)
+    printed = {Decimal(f) for f in _FIGURE.findall(output)}
+    quoted = [f for f in _FIGURE.findall(para) if Decimal(f) not in printed]
+    assert quoted == [], quoted
+
+
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_wide_residual_dresidual_against_the_oracle(name):
+    """Protects what docs/numerics.md says of dresidual with bfloat16 x and a float32 residual
+    stream (64 x 1024, each function's default eps): the default mode's is within the float32
+    entry of the tolerance table against the float64 oracle on the same h, the
+    memory-efficient mode's is not (xhat is
+    recovered from y, rounded to bfloat16), while dx is within the bfloat16 entry in both."""
+    n = NORMS[name]
+    t = _inputs(name, (64, 1024), torch.bfloat16, seed=22, param_dtype=torch.float32)
+    t["r"] = t["r"].detach().float().requires_grad_()
+    t["dh"] = t["dh"].float()
+    ok = {}
+    for me in (False, True):
+        res = _grads(name, t, me=me, residual_dtype=torch.float32)
+        h64 = res["h"].double().requires_grad_()
+        params = [p.detach().double() for p in (t["w"], t["b"]) if p is not None]
+        y64 = (torch.nn.functional.layer_norm(h64, (1024,), *params) if n.centred
+               else torch.nn.functional.rms_norm(h64, (1024,), *params,
+                                                 eps=torch.finfo(torch.float32).eps))
+        want = (torch.autograd.grad(y64, h64, t["dy"].double())[0] + t["dh"].double()).numpy()
+        scale = max(1.0, float(np.abs(want).max()))
+        assert_close(_np(res["dx"]), want, "bfloat16", scale=scale, name=f"dx {me}")
+        ok[me] = compare(_np(res["dr"]), want, "float32", scale=scale)
+    assert ok[False].ok and not ok[True].ok, (ok[False], ok[True])
 
 
 # weight and bias of the hard cases, D = 32: the name, then (weight, bias) of a generator
@@ -395,6 +479,65 @@ def test_bitwise_identical_across_thread_counts(name):
         torch.set_num_threads(before)
     for k, v in res[1].items():
         assert v.numpy().tobytes() == res[2][k].numpy().tobytes(), k
+
+
+def _row_grads(name: str, t: dict, rows: slice, params: tuple[str, ...], me: bool) -> dict:
+    """dx (and dresidual) of the rows ``rows`` of ``t``'s (M, D) tensors run as a batch of
+    their own, with the parameters named in ``params`` (the others absent)."""
+    n = NORMS[name]
+    x = t["x"].detach()[rows].requires_grad_()
+    r = t["r"].detach()[rows].requires_grad_() if n.residual else None
+    w = t["w"] if "w" in params else None
+    b = t["b"] if "b" in params and n.centred else None
+    data = (x, r) if n.residual else (x,)
+    out = getattr(lt, name)(*data, x.shape[-1], w, *((b,) if n.centred else ()),
+                            memory_efficient=me)
+    outs = out if isinstance(out, tuple) else (out,)
+    cots = (t["dy"][rows], t["dh"][rows]) if n.residual else (t["dy"][rows],)
+    grads = torch.autograd.grad(outs, (x, r) if n.residual else (x,), cots)
+    return dict(zip(("dx", "dr")[:len(grads)], grads, strict=True))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+@pytest.mark.parametrize("name", FAMILY)
+def test_a_rows_gradient_does_not_depend_on_the_batch(name, dtype):
+    """Protects batch invariance in both modes: a row's dx (and an add-norm's dresidual) has
+    the same bits alone (the backward's row-by-row path) as in a batch of 4 (one tile of four
+    rows), of 7 (a tile, then rows one by one) and of 70 (the 7 rows ten times over, in two
+    row chunks: each row in tiles and alone at other offsets), at 1, 2 and 3 threads, with
+    and without weight and bias (float32 parameters for the half dtypes), with a kept channel
+    (scale 0). What breaks it: a first sweep that sums a tile's rows in another order than
+    a row alone (1 or 2 ulps of float32 and float64 dx; in the half dtypes they show only
+    where they cross a rounding of dx)."""
+    n = NORMS[name]
+    half = dtype in ("bfloat16", "float16")
+    t = _inputs(name, (7, 64), getattr(torch, dtype), seed=21,
+                param_dtype=torch.float32 if half else None)
+    with torch.no_grad():
+        t["w"][5] = 0.0  # kept
+    rows = ("x", "r", "dy", "dh")
+    t70 = {k: v.detach().repeat(10, 1) if k in rows and v is not None else v
+           for k, v in t.items()}
+    before = torch.get_num_threads()
+    failed = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for params in ((), ("w",), ("w", "b"), ("b",)):
+                if params == ("b",) and not n.centred:
+                    continue
+                for me in (False, True):
+                    alone = [_row_grads(name, t, slice(i, i + 1), params, me) for i in range(7)]
+                    for m, batch in ((4, _row_grads(name, t, slice(0, 4), params, me)),
+                                     (7, _row_grads(name, t, slice(0, 7), params, me)),
+                                     (70, _row_grads(name, t70, slice(0, 70), params, me))):
+                        failed += [(threads, params, me, m, i, k)
+                                   for i in range(m) for k, v in batch.items()
+                                   if not torch.equal(v[i], alone[i % 7][k][0])]
+    finally:
+        torch.set_num_threads(before)
+    assert failed == [], f"{len(failed)} rows differ (threads, params, mode, M, row, grad): " \
+        f"{failed[:6]}"
 
 
 # --- what autograd keeps --------------------------------------------------------------------

@@ -33,10 +33,12 @@ Code paths (docs/cpu-kernels.md has the reasons and the measurements):
   row, or whose T sums are not finite, goes row by row, the same additions in the same order;
 - rows whose backward T sums overflow: dx in float64 on a power-of-two scaling of dy;
 - the backward from y: the same sweeps, tiles and float64 path (``_chunks``); a tile's sweep 1
-  runs its TILE rows at once, loading each channel's scale and shift once, and masks the kept
-  channels' terms only in the blocks that hold one; where the shift is 0 on every recovered
-  channel, no sweep reads it (``_unshifted``); a tile holding a row kept whole goes row by row
-  (one comparison a tile where no row is kept);
+  runs its TILE rows block by block, each block's scale and shift read by the four rows in
+  turn while in L1, every row's block sums formed by the one loop a row alone uses (so a row's
+  dx has the same bits in any batch), and masks the kept channels' terms only in the blocks
+  that hold one; where the shift is 0 on every recovered channel, no sweep reads it
+  (``_unshifted``); a tile holding a row kept whole goes row by row (one comparison a tile
+  where no row is kept);
 - dgamma/dbeta: ``n_chunks(M)`` row chunks of float64 partials, summed in chunk order.
 
 Storage: float32 and float64 arrays are read as they are; float16 travels as its bits in a
@@ -930,10 +932,35 @@ def _terms(d, dw, g, yv, nb, j, z):
 
 
 @njit(fastmath={"reassoc"}, cache=True)
+def _block_grad_y(yb, db, gb, nb, wb, masked, z):
+    """(sum_j u_j, sum_j u_j * xhat_j) in T over one block of a row of y (yb, db, gb, wb:
+    (<= BLOCK,), wb read only where ``masked``; nb: the block's shift, or None,
+    :func:`_less`): the only place the sums of sweep 1 from y are formed, for a row alone and
+    for each row of a tile, so that a row's sums, and so its dx, are the same bits in any
+    batch (reassociated, a loop's order is LLVM's, one order per loop)."""
+    b1 = z
+    b2 = z
+    if masked:
+        for j in range(yb.shape[0]):
+            d = _ld(db[j])
+            t1, t2 = _terms(d, d * wb[j], gb[j], yb[j], nb, j, z)
+            b1 += t1
+            b2 += t2
+    else:
+        for j in range(yb.shape[0]):
+            d = _ld(db[j])
+            t1, t2 = _terms(d, d, gb[j], yb[j], nb, j, z)
+            b1 += t1
+            b2 += t2
+    return b1, b2
+
+
+@njit(cache=True)
 def _sum_grad_y(yr, dyr, ch, blocks, z):
     """(sum_j u_j, sum_j u_j * xhat_j) of a row of y over the recovered channels, u = dy *
     scale (yr, dyr: (D,); ch: chan (4, D) T, or (chan,) where the shift is 0, whose sweep
-    reads no shift row, :func:`_unshifted`).
+    reads no shift row, :func:`_unshifted`): each block's sums (:func:`_block_grad_y`) in T,
+    joined in float64 in block order.
 
     There u_j * xhat_j = dy_j * (y_j - shift_j): the same number without the division and the
     product by scale (two roundings fewer). In the blocks that hold kept channels (``blocks``
@@ -945,66 +972,33 @@ def _sum_grad_y(yr, dyr, ch, blocks, z):
     s1 = 0.0
     s2 = 0.0
     for j0 in range(0, yr.shape[0], BLOCK):
-        yb = yr[j0:j0 + BLOCK]  # (<= BLOCK,)
-        db = dyr[j0:j0 + BLOCK]
-        gb = chan[CH_SCALE, j0:j0 + BLOCK]
-        nb = _num(ch, j0, j0 + BLOCK)
-        b1 = z
-        b2 = z
-        if blocks[j0 // BLOCK]:
-            wb = chan[CH_W, j0:j0 + BLOCK]
-            for j in range(yb.shape[0]):
-                d = _ld(db[j])
-                t1, t2 = _terms(d, d * wb[j], gb[j], yb[j], nb, j, z)
-                b1 += t1
-                b2 += t2
-        else:
-            for j in range(yb.shape[0]):
-                d = _ld(db[j])
-                t1, t2 = _terms(d, d, gb[j], yb[j], nb, j, z)
-                b1 += t1
-                b2 += t2
+        j1 = min(yr.shape[0], j0 + BLOCK)
+        b1, b2 = _block_grad_y(yr[j0:j1], dyr[j0:j1], chan[CH_SCALE, j0:j1], _num(ch, j0, j1),
+                               chan[CH_W, j0:j1], blocks[j0 // BLOCK], z)
         s1 += b1
         s2 += b2
     return s1, s2
 
 
-@njit(fastmath={"reassoc"}, cache=True)
+@njit(cache=True)
 def _sum_grad_y_tile(yt, dyt, ch, blocks, z):
     """:func:`_sum_grad_y` of TILE rows at once (yt, dyt: (TILE, D)): (su, sut) of rows 0, 1,
-    2, 3, in one sweep that loads each channel's values once for the TILE rows (for long
-    rows, reading them once a row took sweep 1 out of L1). Each row's sums are its own; their
-    blocks are those of :func:`_sum_grad_y`, their order within a block LLVM's."""
+    2, 3, block by block, each block's per-channel values (scale, shift, w) sliced once and
+    read by the TILE rows in turn while they are in L1 (for long rows, reading them once a
+    row took sweep 1 out of L1). Each row's sums are :func:`_sum_grad_y`'s bits: the same
+    block sums joined in the same order."""
     chan = _rows_of(ch)
     a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = 0.0
     for j0 in range(0, yt.shape[1], BLOCK):
         j1 = min(yt.shape[1], j0 + BLOCK)
-        y0, y1, y2, y3 = yt[0, j0:j1], yt[1, j0:j1], yt[2, j0:j1], yt[3, j0:j1]  # (<= BLOCK,)
-        d0, d1, d2, d3 = dyt[0, j0:j1], dyt[1, j0:j1], dyt[2, j0:j1], dyt[3, j0:j1]
-        gb = chan[CH_SCALE, j0:j1]
+        gb = chan[CH_SCALE, j0:j1]  # (<= BLOCK,)
         nb = _num(ch, j0, j1)
-        p0 = p1 = p2 = p3 = q0 = q1 = q2 = q3 = z
-        if blocks[j0 // BLOCK]:
-            wb = chan[CH_W, j0:j1]
-            for j in range(y0.shape[0]):
-                g, w = gb[j], wb[j]
-                e0, e1, e2, e3 = _ld(d0[j]), _ld(d1[j]), _ld(d2[j]), _ld(d3[j])
-                t0, u0 = _terms(e0, e0 * w, g, y0[j], nb, j, z)
-                t1, u1 = _terms(e1, e1 * w, g, y1[j], nb, j, z)
-                t2, u2 = _terms(e2, e2 * w, g, y2[j], nb, j, z)
-                t3, u3 = _terms(e3, e3 * w, g, y3[j], nb, j, z)
-                p0, p1, p2, p3 = p0 + t0, p1 + t1, p2 + t2, p3 + t3
-                q0, q1, q2, q3 = q0 + u0, q1 + u1, q2 + u2, q3 + u3
-        else:
-            for j in range(y0.shape[0]):
-                g = gb[j]
-                e0, e1, e2, e3 = _ld(d0[j]), _ld(d1[j]), _ld(d2[j]), _ld(d3[j])
-                t0, u0 = _terms(e0, e0, g, y0[j], nb, j, z)
-                t1, u1 = _terms(e1, e1, g, y1[j], nb, j, z)
-                t2, u2 = _terms(e2, e2, g, y2[j], nb, j, z)
-                t3, u3 = _terms(e3, e3, g, y3[j], nb, j, z)
-                p0, p1, p2, p3 = p0 + t0, p1 + t1, p2 + t2, p3 + t3
-                q0, q1, q2, q3 = q0 + u0, q1 + u1, q2 + u2, q3 + u3
+        wb = chan[CH_W, j0:j1]
+        masked = blocks[j0 // BLOCK]
+        p0, q0 = _block_grad_y(yt[0, j0:j1], dyt[0, j0:j1], gb, nb, wb, masked, z)
+        p1, q1 = _block_grad_y(yt[1, j0:j1], dyt[1, j0:j1], gb, nb, wb, masked, z)
+        p2, q2 = _block_grad_y(yt[2, j0:j1], dyt[2, j0:j1], gb, nb, wb, masked, z)
+        p3, q3 = _block_grad_y(yt[3, j0:j1], dyt[3, j0:j1], gb, nb, wb, masked, z)
         a0, a1, a2, a3 = a0 + p0, a1 + p1, a2 + p2, a3 + p3
         c0, c1, c2, c3 = c0 + q0, c1 + q1, c2 + q2, c3 + q3
     return a0, c0, a1, c1, a2, c2, a3, c3

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from . import _transforms
 from ._cpu import compute_dtype
-from ._ops import fwd, fwd_y, norm
+from ._ops import fwd, fwd_y, norm, wide_residual_warning
 
 __all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "rms_norm"]
 
@@ -326,6 +326,9 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
         # channels and rows by, the default mode gives the same shapes)
         if me and not tracing and not _is_exporting() and not x.is_meta:
             _refuse_dtensors(x_name, x, residual, weight, bias)
+            wide = add and wide_residual_warning(x.dtype, h_dtype)
+            if wide:
+                warnings.warn(wide, UserWarning, stacklevel=3)
             y, h, *_kept = fwd_y(x2, r2, weight, bias, eps, centred, zero_centered_gamma,
                                  h_dtype)
         else:

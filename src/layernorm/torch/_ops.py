@@ -56,7 +56,8 @@ from ..recovery import MARGIN
 from . import _cpu, _native
 
 __all__ = ["DOUBLE_BACKWARD", "NATIVE", "bwd", "bwd_y", "composite_backward", "fwd", "fwd_y",
-           "kept_channels", "kept_rows", "norm", "triton_on_cpu"]
+           "kept_channels", "kept_rows", "norm", "statistics", "triton_on_cpu",
+           "wide_residual_warning"]
 
 _LIB = torch.library.Library("layernorm", "DEF")
 _LIB.define(
@@ -110,6 +111,24 @@ DOUBLE_BACKWARD = (
     "(create_graph=True, double backward, torch.func.grad): it keeps y, not the input whose "
     "statistics the second derivative differentiates; use memory_efficient=False")
 """The message of the RuntimeError a differentiated memory-efficient backward raises."""
+
+
+def wide_residual_warning(x_dtype: torch.dtype, h_dtype: torch.dtype | None) -> str | None:
+    """The warning for a memory-efficient add-norm whose residual stream h (``h_dtype``; None:
+    x's) is more precise than x (``x_dtype``, y's dtype), else None.
+
+    The backward recovers xhat from y, rounded to x's dtype, so dresidual, which the default
+    mode gives at h's precision, carries y's rounding (docs/numerics.md measures both). The
+    cure, keeping h, would undo the mode's saving: h is the activation the mode does not keep.
+    """
+    if h_dtype is None or torch.finfo(h_dtype).eps >= torch.finfo(x_dtype).eps:
+        return None
+    x_name, h_name = str(x_dtype).removeprefix("torch."), str(h_dtype).removeprefix("torch.")
+    return (f"layernorm: memory_efficient=True with residual_dtype={h_name}, more precise than "
+            f"x's {x_name}: the backward recovers xhat from y, rounded to {x_name}, and the "
+            "residual's gradient carries that rounding (docs/numerics.md measures it); use "
+            f"memory_efficient=False to keep the residual stream's gradient at {h_name}'s "
+            "precision")
 
 
 def kept_channels(weight: Tensor | None, bias: Tensor | None, zero_centered_gamma: bool,
@@ -418,8 +437,17 @@ def _bwd_y_fake(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xrows
                      x_dtype, residual_dtype)
 
 
+def statistics(src: Tensor, eps: float, centred: bool) -> tuple[Tensor, Tensor]:
+    """xhat (..., D) and rstd (..., 1) of the rows of ``src`` in its compute dtype, from torch
+    operations (differentiable): rstd = 1/sqrt(var + eps), var centred or the mean square."""
+    v = src.to(_cpu.compute_dtype(src.dtype))
+    xc = v - v.mean(-1, keepdim=True) if centred else v
+    rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + eps)
+    return xc * rstd, rstd
+
+
 def composite_backward(
-    dy: Tensor | None, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
+    dy: Tensor, dh: Tensor | None, xn: Tensor, weight: Tensor | None,
     bias: Tensor | None, eps: float, centred: bool, zero_centered_gamma: bool,
     x_dtype: torch.dtype, residual_dtype: torch.dtype | None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
@@ -430,18 +458,14 @@ def composite_backward(
     xhat·mean(g·xhat)) (no mean(g) for RMSNorm), dweight = Σ dy·xhat, dbias = Σ dy, and
     dx = dresidual = dh + dnorm for an add-norm.
     """
-    cdt = _cpu.compute_dtype(xn.dtype)
-    x = xn.to(cdt)
-    xc = x - x.mean(-1, keepdim=True) if centred else x
-    rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + eps)
-    xhat = xc * rstd
-    g = torch.zeros_like(x) if dy is None else dy.to(cdt)
-    dyc = g
+    xhat, rstd = statistics(xn, eps, centred)
+    cdt = xhat.dtype
+    g = dyc = dy.to(cdt)
     if weight is not None:
         g = g * (weight.to(cdt) + 1 if zero_centered_gamma else weight.to(cdt))
     proj = xhat * (g * xhat).mean(-1, keepdim=True)
     dnorm = rstd * ((g - g.mean(-1, keepdim=True) if centred else g) - proj)
-    d = x.shape[-1]
+    d = xhat.shape[-1]
     dw = None if weight is None else (dyc * xhat).reshape(-1, d).sum(0).to(weight.dtype)
     db = None if bias is None else dyc.reshape(-1, d).sum(0).to(bias.dtype)
     if residual_dtype is None:
@@ -461,6 +485,14 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.set_materialize_grads(False)  # an unused y or h costs nothing in the backward
 
 
+def _h_only(dh: Tensor, x_dtype: torch.dtype, residual_dtype: torch.dtype) -> tuple:
+    """The gradients of an add-norm whose y is unused (no dy): h = x + residual is all that is
+    differentiated, so dx = dresidual = dh in their dtypes and the parameters get none. No
+    kernel runs: a zero dy through the norm would form 0 * inf on a row whose rstd is inf
+    (eps = 0, var = 0), where torch's x + r then F.layer_norm passes dh through."""
+    return (dh.to(x_dtype), dh.to(residual_dtype), None, None, None, None, None, None)
+
+
 def _backward(ctx: Any, dy: Tensor | None, dh: Tensor | None, _ds0: Any, _ds1: Any) -> tuple:
     # The statistics are outputs only so the backward can read them: their gradients are
     # ignored (they are functions of x, which the backward differentiates through).
@@ -470,6 +502,8 @@ def _backward(ctx: Any, dy: Tensor | None, dh: Tensor | None, _ds0: Any, _ds1: A
         dh = None
     if dy is None and dh is None:
         return None, None, None, None, None, None, None, None
+    if dy is None:
+        return _h_only(dh, x_dtype, residual_dtype)
     # on the CPU, an add-norm's dresidual equals dx where the two share a dtype: one tensor
     # serves both (as autograd's own x + residual does), and the kernel writes one gradient
     shared = residual_dtype == x_dtype and xn.device.type == "cpu"
@@ -477,8 +511,6 @@ def _backward(ctx: Any, dy: Tensor | None, dh: Tensor | None, _ds0: Any, _ds1: A
         dx, dres, dw, db = composite_backward(dy, dh, xn, weight, bias, eps, centred, zcg,
                                               x_dtype, residual_dtype)
     else:
-        if dy is None:
-            dy = torch.zeros_like(xn)
         dx, dres, dw, db = bwd(dy, dh, xn, weight, bias, s0, s1, centred, zcg, x_dtype,
                                None if shared else residual_dtype)
         if shared:
@@ -508,11 +540,11 @@ def _backward_y(ctx: Any, dy: Tensor | None, dh: Tensor | None, *_stats: Any) ->
         dh = None
     if dy is None and dh is None:
         return None, None, None, None, None, None, None, None
+    if dy is None:  # no norm term: its derivative, dh's, is exact, so no DOUBLE_BACKWARD
+        return _h_only(dh, x_dtype, residual_dtype)
     if torch.is_grad_enabled():
         raise RuntimeError(DOUBLE_BACKWARD)
     shared = residual_dtype == x_dtype and y.device.type == "cpu"  # as in _backward
-    if dy is None:
-        dy = torch.zeros_like(y)
     dx, dres, dw, db = bwd_y(dy, dh, y, weight, bias, s0, s1, keep, kept, rows, xrows, centred,
                              zcg, x_dtype, None if shared else residual_dtype)
     if shared:

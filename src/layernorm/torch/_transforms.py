@@ -36,9 +36,9 @@ import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 from ._cpu import compute_dtype
-from ._ops import composite_backward, norm
+from ._ops import composite_backward, norm, statistics
 
-__all__ = ["Norm", "active", "apply", "statistics"]
+__all__ = ["Norm", "active", "apply"]
 
 _functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
@@ -49,15 +49,6 @@ def active() -> bool:
     level (``torch.autograd.forward_ad.dual_level``) is active, outside torch.compile's
     tracing (Dynamo refuses a custom jvp; it keeps the ops). About 0.2 µs."""
     return not _is_compiling() and (_functorch_active() or _forward_ad._current_level >= 0)
-
-
-def statistics(src: Tensor, eps: float, centred: bool) -> tuple[Tensor, Tensor]:
-    """xhat (..., D) and rstd (..., 1) of the rows of ``src`` in its compute dtype, from torch
-    operations (differentiable): rstd = 1/sqrt(var + eps), var centred or the mean square."""
-    v = src.to(compute_dtype(src.dtype))
-    xc = v - v.mean(-1, keepdim=True) if centred else v
-    rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + eps)
-    return xc * rstd, rstd
 
 
 def _tangent(*ts: Tensor | None, dtype: torch.dtype) -> Tensor | None:

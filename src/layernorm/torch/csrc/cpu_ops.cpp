@@ -697,6 +697,17 @@ using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
 
 OptTensor given(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
+// The gradients of an add-norm whose y is unused (no dy): h = x + residual is all that is
+// differentiated, so dx = dresidual = dh in their dtypes and the parameters get none. No kernel
+// runs: a zero dy through the norm would form 0 * inf on a row whose rstd is inf (eps = 0,
+// var = 0), where torch's x + r then F.layer_norm passes dh through (_h_only in _ops.py).
+variable_list h_only(const Tensor& dh, ScalarType x_dtype, ScalarType r_dtype) {
+  variable_list out(8);
+  out[0] = dh.to(x_dtype);
+  out[1] = dh.to(r_dtype);
+  return out;
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> composite_backward(
     const Tensor& dy, const Tensor& dh, const Tensor& xn, const Tensor& weight,
     const Tensor& bias, double eps, bool centred, bool zero_centered_gamma, ScalarType x_dtype,
@@ -707,7 +718,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> composite_backward(
   const Tensor xc = centred ? x - x.mean(-1, true) : x;
   const Tensor rstd = at::rsqrt((xc * xc).mean(-1, true) + eps);
   const Tensor xhat = xc * rstd;
-  const Tensor dyc = dy.defined() ? dy.to(cdt) : at::zeros_like(x);
+  const Tensor dyc = dy.to(cdt);  // defined: without dy the backward is h_only
   Tensor g = dyc;
   if (weight.defined()) g = g * (zero_centered_gamma ? weight.to(cdt) + 1 : weight.to(cdt));
   const Tensor proj = xhat * (g * xhat).mean(-1, true);
@@ -760,10 +771,11 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     const int64_t r = ctx->saved_data["r_dtype"].toInt();
     const std::optional<ScalarType> r_dtype =
         r < 0 ? std::nullopt : std::optional<ScalarType>(static_cast<ScalarType>(r));
-    Tensor dy = grads[0];
+    const Tensor& dy = grads[0];
     const Tensor dh = r_dtype.has_value() ? grads[1] : Tensor();
     variable_list out(8);
     if (!dy.defined() && !dh.defined()) return out;
+    if (!dy.defined()) return h_only(dh, x_dtype, *r_dtype);
     Tensor dx, dres, dw, db;
     // an add-norm's dresidual equals dx where the two share a dtype: one tensor serves both,
     // as autograd's own x + residual does, so the kernel writes one gradient instead of two
@@ -772,7 +784,6 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
       std::tie(dx, dres, dw, db) =
           composite_backward(dy, dh, xn, weight, bias, eps, centred, zcg, x_dtype, r_dtype);
     } else {
-      if (!dy.defined()) dy = at::zeros_like(xn);
       std::tie(dx, dres, dw, db) =
           op.call(dy, given(dh), xn, given(weight), given(bias), saved[3], saved[4], centred,
                   zcg, x_dtype, shared ? std::nullopt : r_dtype);
@@ -835,10 +846,12 @@ struct NormYFunction : public torch::autograd::Function<NormYFunction> {
     const int64_t r = ctx->saved_data["r_dtype"].toInt();
     const std::optional<ScalarType> r_dtype =
         r < 0 ? std::nullopt : std::optional<ScalarType>(static_cast<ScalarType>(r));
-    Tensor dy = grads[0];
+    const Tensor& dy = grads[0];
     const Tensor dh = r_dtype.has_value() ? grads[1] : Tensor();
     variable_list out(8);
     if (!dy.defined() && !dh.defined()) return out;
+    // without dy there is no norm term: dh's derivative is exact, and differentiable
+    if (!dy.defined()) return h_only(dh, x_dtype, *r_dtype);
     // the second derivative needs rstd's and the kept xhat's dependence on x, which is not kept
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "layernorm: the backward of a memory_efficient=True norm cannot be "
@@ -846,7 +859,6 @@ struct NormYFunction : public torch::autograd::Function<NormYFunction> {
                 "keeps y, not the input whose statistics the second derivative "
                 "differentiates; use memory_efficient=False");
     const bool shared = r_dtype.has_value() && *r_dtype == x_dtype;
-    if (!dy.defined()) dy = at::zeros_like(y);
     Tensor dx, dres, dw, db;
     std::tie(dx, dres, dw, db) =
         op.call(dy, given(dh), y, given(weight), given(bias), saved[3], saved[4], saved[5],
