@@ -78,6 +78,21 @@ def test_jvp_matches_finite_differences(name: str, zcg: bool) -> None:
     assert len(report.args) == len(args)
 
 
+def test_a_wrong_tangent_fails_the_check(monkeypatch) -> None:
+    """The check has power: a forward mode without the projection xhat·mean(xhat·u) (as a
+    derivation that forgot rstd's dependence on x would give) fails it."""
+    norm = NORMS["rms_norm"]
+
+    def wrong(cache, tx, tgamma=None):
+        t = 0 if tx is None else tx * cache.rstd[:, None] * cache.scale
+        return t + (0 if tgamma is None else tgamma * cache.xhat)
+
+    monkeypatch.setattr(ref, "rms_norm_jvp", wrong)
+    with pytest.raises(ln.GradcheckError):
+        ln.check_vjp(_forward(norm, False), _vjp_from_jvp(norm, False), _point(norm),
+                     mode="full", max_elements=None)
+
+
 @pytest.mark.parametrize("name", sorted(NORMS))
 def test_jvp_is_the_adjoint_of_the_backward(name: str) -> None:
     """vᵀ(J·u) = (Jᵀ·v)·u for random u and v, the backward giving Jᵀ·v: the two modes

@@ -86,6 +86,8 @@ def test_complex_and_nested_inputs_are_refused(name: str) -> None:
         _call(name, nested, (4,))
     with pytest.raises(TypeError, match="dense"):
         _call(name, torch.randn(3, 4).to_sparse(), (4,))
+    with pytest.raises(TypeError, match=r"weight must be a dense \(strided\) tensor"):
+        _call(name, torch.randn(3, 4), (4,), weight=torch.randn(4).to_sparse())
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)

@@ -498,20 +498,22 @@ def _row_grads(name: str, t: dict, rows: slice, params: tuple[str, ...], me: boo
     return dict(zip(("dx", "dr")[:len(grads)], grads, strict=True))
 
 
+@pytest.mark.parametrize("d", [64, 2051])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
 @pytest.mark.parametrize("name", FAMILY)
-def test_a_rows_gradient_does_not_depend_on_the_batch(name, dtype):
+def test_a_rows_gradient_does_not_depend_on_the_batch(name, dtype, d):
     """Protects batch invariance in both modes: a row's dx (and an add-norm's dresidual) has
     the same bits alone (the backward's row-by-row path) as in a batch of 4 (one tile of four
     rows), of 7 (a tile, then rows one by one) and of 70 (the 7 rows ten times over, in two
     row chunks: each row in tiles and alone at other offsets), at 1, 2 and 3 threads, with
     and without weight and bias (float32 parameters for the half dtypes), with a kept channel
-    (scale 0). What breaks it: a first sweep that sums a tile's rows in another order than
-    a row alone (1 or 2 ulps of float32 and float64 dx; in the half dtypes they show only
-    where they cross a rounding of dx)."""
+    (scale 0), at D = 64 (one block) and 2051 (three blocks, a ragged last one: the blocks'
+    sums joined as a row alone joins them). What breaks it: a first sweep that sums a tile's
+    rows in another order than a row alone (1 or 2 ulps of float32 and float64 dx; in the
+    half dtypes they show only where they cross a rounding of dx)."""
     n = NORMS[name]
     half = dtype in ("bfloat16", "float16")
-    t = _inputs(name, (7, 64), getattr(torch, dtype), seed=21,
+    t = _inputs(name, (7, d), getattr(torch, dtype), seed=21,
                 param_dtype=torch.float32 if half else None)
     with torch.no_grad():
         t["w"][5] = 0.0  # kept

@@ -143,7 +143,7 @@ def _check(name: str, transform: str, dtype: torch.dtype, me: bool) -> None:
     want_f = _elementary(name) if second and "layer" in name else _torch(name)
     want = _flat(TRANSFORMS[transform](want_f, {k: v.double() for k, v in a.items()}))
     assert len(got) == len(want)
-    tol = "float64" if dtype == torch.float64 else "float32"
+    tol = str(dtype).removeprefix("torch.")
     assert any(float(w.abs().max()) > 0 for w in want), "a zero reference proves nothing"
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g.shape == w.shape, (i, g.shape, w.shape)
@@ -167,6 +167,51 @@ def test_memory_efficient_under_a_transform_keeps_the_input(name: str, transform
     """memory_efficient=True under a transform takes the input-keeping route: the same answers
     (float64), including the second derivatives its own backward cannot give."""
     _check(name, transform, torch.float64, me=True)
+
+
+@pytest.mark.parametrize("transform", ["jvp", "grad", "vmap"])
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_half_dtypes_under_a_transform(name: str, transform: str, dtype: torch.dtype) -> None:
+    """bfloat16 and float16 inputs: torch's float64 answer within the half dtype's tolerance
+    (the results are rounded once to the input's dtype)."""
+    _check(name, transform, dtype, me=False)
+
+
+@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
+def test_a_loss_on_h_alone_under_grad_passes_dh_through(name: str) -> None:
+    """The Function's backward without dy (y unused): dx = dresidual = dh in their dtypes,
+    here bfloat16 x and a float32 residual stream, with eps = 0 on a constant row (where a
+    zero dy through the norm would form 0 * inf)."""
+    x = torch.ones(2, D, dtype=torch.bfloat16)
+    r = torch.zeros(2, D)
+
+    def loss(x, r):
+        _y, h = getattr(lt, name)(x, r, (D,), None, eps=0.0, residual_dtype=torch.float32)
+        return (h * torch.arange(D)).sum()
+
+    dx, dr = torch.func.grad(loss, argnums=(0, 1))(x, r)
+    want = torch.arange(D, dtype=torch.float32).expand(2, D)
+    assert dx.dtype == torch.bfloat16 and dr.dtype == torch.float32
+    assert torch.equal(dr, want) and torch.equal(dx, want.bfloat16())
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vmap_grad", "forward_ad"])
+def test_under_torch_compile(transform: str) -> None:
+    """torch.compile of a function that applies a transform (Dynamo cannot trace the
+    transforms' Function; the ops' autograd has no jvp): torch's standard operations are
+    taken, and the answers are torch's, not zeros."""
+    a = _inputs(torch.float32)
+
+    def run(f):
+        return _flat(TRANSFORMS[transform](f, a))
+
+    got = torch.compile(lambda: run(_ours("layer_norm", False)), backend="aot_eager")()
+    want = run(_torch("layer_norm"))
+    for g, w in zip(got, want, strict=True):
+        assert float(w.abs().max()) > 0
+        assert_close(g.detach().numpy(), w.detach().double().numpy(), "float32",
+                     scale=max(1.0, float(w.abs().max())), name=transform)
 
 
 def test_a_tangent_is_not_zero_and_is_linear() -> None:

@@ -61,10 +61,14 @@ def _check_tensor(t: object, name: str) -> Tensor:
     return t
 
 
-def _check_device(x: Tensor, name: str) -> None:
-    if x.layout is not torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}: "
+def _check_layout(t: Tensor, name: str) -> None:
+    if t.layout is not torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: "
                         f"nested and sparse tensors are not supported")
+
+
+def _check_device(x: Tensor, name: str) -> None:
+    _check_layout(x, name)
     if not (x.is_cpu or x.is_cuda or x.is_meta):
         raise ValueError(f"{name} must be on a CPU, CUDA or meta device, got {x.device}")
 
@@ -106,6 +110,7 @@ def _check_param(p: object, name: str, shape: tuple[int, ...], x: Tensor) -> Ten
     if p is None:
         return None
     p = _check_tensor(p, name)
+    _check_layout(p, name)
     if p.shape != shape:
         raise ValueError(f"{name} must have shape normalized_shape = {shape}, got "
                          f"{tuple(p.shape)}")
@@ -171,6 +176,7 @@ def _checked(x: object, residual: object, normalized_shape: object, weight: obje
 _get_tracing_state = getattr(torch._C, "_get_tracing_state", None)
 _set_tracing_state = getattr(torch._C, "_set_tracing_state", None)
 _is_exporting = getattr(torch.compiler, "is_exporting", None) or (lambda: False)
+_is_compiling = torch.compiler.is_compiling
 # None unless a trace is running (called on every call: the C function where there is one)
 _tracing_state = _get_tracing_state or (lambda: True if torch.jit.is_tracing() else None)
 
@@ -299,7 +305,12 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
         return _standard(centred, x, residual, shape, weight, bias, eps, zero_centered_gamma,
                          h_dtype, rms_decomposed=tracing)
 
-    if 0 in shape:  # nothing to normalize: torch's norms give the empty outputs and gradients
+    # Nothing to normalize: torch's norms give the empty outputs and gradients. Under
+    # torch.compile inside a torch.func transform or forward AD (Dynamo refuses the transforms'
+    # Function, and the ops' autograd has no jvp or batching rule): torch's standard operations,
+    # which Dynamo differentiates.
+    transformed = _transforms.active()
+    if 0 in shape or (transformed and _is_compiling()):
         return _standard(centred, x, residual, shape, weight, bias, eps, zero_centered_gamma,
                          h_dtype, rms_decomposed=False)
 
@@ -314,7 +325,7 @@ def _norm(centred: bool, x: object, residual: object, normalized_shape: object,
         r2 = residual.reshape(-1, d) if add else None
         if len(shape) > 1:
             weight, bias = (None if p is None else p.reshape(-1) for p in (weight, bias))
-    if _transforms.active():  # torch.func or forward AD: the Function with a jvp and vmap
+    if transformed:  # torch.func or forward AD, eager: the Function with jvp and vmap
         y, h = _transforms.apply(x2, r2, weight, bias, eps, centred, zero_centered_gamma,
                                  h_dtype)
     # a trace records one op for every grad mode: fwd, which autograd differentiates
@@ -383,7 +394,8 @@ def rms_norm(
 ) -> Tensor:
     """RMS norm over the trailing ``normalized_shape`` axes: ``F.rms_norm``, fused.
 
-    y = scale·x/sqrt(mean(x²) + eps); eps None means ``torch.finfo(input.dtype).eps``. Other
+    y = scale·x/sqrt(mean(x²) + eps); eps None means ``torch.finfo(T).eps`` of the compute
+    dtype T (float32 for 16- and 32-bit input, float64 for float64), as torch's. Other
     arguments and the result as for :func:`layer_norm`, without bias (and input's dtype under
     autocast, as torch's rms_norm).
     """
@@ -436,7 +448,8 @@ def add_rms_norm(
 ) -> tuple[Tensor, Tensor]:
     """The residual add and the RMS norm of its result, fused: h = x + residual, y = RMS(h).
 
-    As :func:`add_layer_norm` without bias; eps None means ``torch.finfo(h.dtype).eps``.
+    As :func:`add_layer_norm` without bias; eps None means ``torch.finfo(T).eps`` of h's
+    compute dtype T, as :func:`rms_norm`.
     """
     y, h = _norm(False, x, residual, normalized_shape, weight, None, eps, zero_centered_gamma,
                  residual_dtype, memory_efficient, "x")

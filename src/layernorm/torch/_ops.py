@@ -37,7 +37,7 @@ xhat_j = (y_j - shift_j) / scale_j on the other channels and rows and runs the u
 changed in place before the backward raises torch's version-counter error, as x does for
 ``fwd``. Its backward cannot itself be differentiated: the second derivative needs the
 dependence of rstd and of the kept xhat on x, which are not in the graph (x is not kept), so
-a backward run with ``create_graph=True`` (double backward, ``torch.func.grad``) raises
+a backward run with ``create_graph=True`` (double backward) raises
 :data:`DOUBLE_BACKWARD` rather than return a wrong second derivative.
 """
 
@@ -108,7 +108,7 @@ bwd_y = torch.ops.layernorm.bwd_y.default
 
 DOUBLE_BACKWARD = (
     "layernorm: the backward of a memory_efficient=True norm cannot be differentiated "
-    "(create_graph=True, double backward, torch.func.grad): it keeps y, not the input whose "
+    "(create_graph=True, double backward): it keeps y, not the input whose "
     "statistics the second derivative differentiates; use memory_efficient=False")
 """The message of the RuntimeError a differentiated memory-efficient backward raises."""
 

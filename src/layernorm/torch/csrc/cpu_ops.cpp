@@ -855,7 +855,7 @@ struct NormYFunction : public torch::autograd::Function<NormYFunction> {
     // the second derivative needs rstd's and the kept xhat's dependence on x, which is not kept
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "layernorm: the backward of a memory_efficient=True norm cannot be "
-                "differentiated (create_graph=True, double backward, torch.func.grad): it "
+                "differentiated (create_graph=True, double backward): it "
                 "keeps y, not the input whose statistics the second derivative "
                 "differentiates; use memory_efficient=False");
     const bool shared = r_dtype.has_value() && *r_dtype == x_dtype;
