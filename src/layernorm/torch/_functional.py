@@ -119,11 +119,17 @@ def _check_param(p: object, name: str, shape: tuple[int, ...], x: Tensor) -> Ten
     return p
 
 
+def default_eps(dtype: torch.dtype) -> float:
+    """RMSNorm's eps for ``eps=None``, torch's rule: the machine epsilon of the compute dtype
+    of a tensor of ``dtype`` (float32's for 16- and 32-bit dtypes, float64's for float64)."""
+    return float(torch.finfo(compute_dtype(dtype)).eps)
+
+
 def _check_eps(eps: object, dtype: torch.dtype) -> float:
     if type(eps) is float and 0.0 <= eps < math.inf:  # the common case (NaN fails it)
         return eps
-    if eps is None:  # torch's rule: the compute dtype's machine epsilon
-        return float(torch.finfo(compute_dtype(dtype)).eps)
+    if eps is None:
+        return default_eps(dtype)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
     value = float(eps)

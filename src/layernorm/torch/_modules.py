@@ -36,8 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ._cpu import compute_dtype
-from ._functional import layer_norm, rms_norm
+from ._functional import default_eps, layer_norm, rms_norm
 
 __all__ = ["LayerNorm", "PerHeadLayerNorm", "RMSNorm"]
 
@@ -112,7 +111,7 @@ class _Ours:
         eps = self.eps
         if out is not None:
             if eps is None:  # torch's eps for the input's dtype, not the one computed in
-                eps = torch.finfo(compute_dtype(x.dtype)).eps
+                eps = default_eps(x.dtype)
             x = x.to(torch.promote_types(x.dtype, out))
         y = norm(x, self._shape(x), *params, eps,
                  zero_centered_gamma=self.zero_centered_gamma,
