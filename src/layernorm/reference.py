@@ -422,8 +422,9 @@ def _jvp(cache: NormCache, u: np.ndarray | None, tgamma: object, tbeta: object,
         raise ValueError("tgamma must be None: the forward had no gamma")
     if tbeta is not None and cache.beta_dtype is None:
         raise ValueError("tbeta must be None: the forward had no beta")
-    ty = np.zeros_like(xhat)  # (M, D)
-    if u is not None:
+    if u is None:
+        ty = np.zeros_like(xhat)  # (M, D)
+    else:
         t = u.reshape(-1, d).astype(cdt, order="C")  # (M, D) a new array: t_xhat, built in it
         if cache.centred:
             t -= t.mean(axis=1, keepdims=True)

@@ -111,12 +111,13 @@ class Norm(torch.autograd.Function):
         # the tangent of h: tx + tresidual, formed in the add's compute dtype
         wide = compute_dtype(x_dtype, residual_dtype or x_dtype, src.dtype)
         u = _tangent(tx, tresidual if add else None, dtype=wide)
-        ty = torch.zeros_like(xhat)
-        if u is not None:
+        if u is None:
+            ty = torch.zeros_like(xhat)
+        else:
             uc = u.to(cdt)
             if centred:
                 uc = uc - uc.mean(-1, keepdim=True)
-            t_xhat = rstd * (uc - xhat * (xhat * u.to(cdt)).mean(-1, keepdim=True))
+            t_xhat = rstd * (uc - xhat * (xhat * uc).mean(-1, keepdim=True))
             ty = t_xhat if weight is None else t_xhat * (
                 weight.to(cdt) + 1 if zcg else weight.to(cdt))
         if tweight is not None:
