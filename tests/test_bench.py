@@ -127,6 +127,28 @@ def test_cli_bench_saves_json(tmp_path, capsys, first_calls):
         assert results.format_latency(latency) in text
 
 
+def test_runs_go_to_an_ignored_folder_unless_out_names_a_file(tmp_path, monkeypatch, capsys):
+    """Protects bench/results/ as the record: `layernorm bench` without --out writes under
+    bench/runs/ (ignored by git), nothing under bench/results/, and the file holds one row a
+    line in compact JSON that loads back unchanged."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    assert "/bench/runs/" in (root / ".gitignore").read_text().split()
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "--shape", "2x48", "--rounds", "1", "--quick", "--impl", "numpy",
+                     "--norm", "layer_norm"]) == 0
+    (saved,) = (tmp_path / results.RUNS_DIR).glob("cpu-*.json")
+    assert not (tmp_path / results.RECORD_DIR).exists()
+    assert f"saved {saved.relative_to(tmp_path)}" in capsys.readouterr().out
+    text = saved.read_text()
+    run = json.loads(text)
+    assert results.load(saved) == run and text == results.dumps(run)
+    lines = text.splitlines()  # {"meta":{...}, / "rows":[ / a row a line / ]}
+    assert lines[1] == '"rows":[' and lines[-1] == "]}"
+    assert [json.loads(line.rstrip(",")) for line in lines[2:-1]] == run["rows"]
+
+
 def test_cuda_device_dispatches_to_the_gpu_harness(monkeypatch):
     """Protects --device cuda: the same args go to run_cuda, the GPU benchmark's command."""
     seen = []

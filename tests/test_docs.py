@@ -86,17 +86,32 @@ def test_relative_links_point_to_existing_files():
     assert bad == []
 
 
-def test_result_files_named_in_the_docs_exist():
-    """Protects the docs' citations of measurements: each bench/results/*.json they name
-    exists (a bare name is under bench/results/; a pattern such as gpu-<time>.json is not a
-    file)."""
+def _cited_results() -> dict[str, str]:
+    """Each result file the docs name (a bare name is under bench/results/; a pattern such as
+    gpu-<time>.json is not a file), with a document that names it."""
     named = {}
     for doc in DOCS:
         for name in re.findall(r"[\w./<>-]+\.json", doc.read_text()):
             if "<" not in name:
                 named[name if "/" in name else f"bench/results/{name}"] = _rel(doc)
+    return named
+
+
+def test_result_files_named_in_the_docs_exist():
+    """Protects the docs' citations of measurements: each bench/results/*.json they name
+    exists."""
+    named = _cited_results()
     assert named, "the docs cite no result file"
     assert {p: d for p, d in named.items() if not (ROOT / p).is_file()} == {}
+
+
+def test_every_result_file_is_cited():
+    """Protects bench/results/ as the record: it holds only files a document names (the
+    generated tables' files among them), so a run left there by mistake, or one whose
+    citation was removed, fails here."""
+    kept = {p.relative_to(ROOT).as_posix() for p in (ROOT / "bench" / "results").glob("*")}
+    assert kept, "bench/results/ is empty"
+    assert sorted(kept - set(_cited_results())) == []
 
 
 # ---------------------------------------------------------------- figures of layernorm stability

@@ -95,8 +95,8 @@ def test_rows_have_the_schema():
 def test_results_files(tmp_path):
     """Protects writing and finding results: a folder gets a time-sorted gpu-*.json (one per
     run, however often it is rewritten), a .json path (any case) is used as given, the newest
-    file wins, rows with unknown keys are refused, and files from before the family (no norm)
-    read as layer_norm."""
+    file of the folders searched wins, rows with unknown keys are refused, files from before
+    the family (no norm) read as layer_norm, and with no --out a run goes to bench/runs."""
     rows = _rows()
     older = tmp_path / "gpu-20240101-000000-x.json"
     older.write_text(json.dumps([{k: v for k, v in rows[0].items() if k != "norm"}]))
@@ -116,6 +116,10 @@ def test_results_files(tmp_path):
     with pytest.raises(ValueError, match="keys"):
         bench.load_results(bad)
     assert bench.latest_results(tmp_path / "none") is None
+    newer = tmp_path / "runs" / "gpu-29990101-000001-x.json"
+    bench.write_results(rows, newer, "gpu")
+    assert bench.latest_results(tmp_path / "runs", tmp_path) == newer  # newest of the folders
+    assert bench.results_file(None, "H100").parent == bench.RUNS_DIR == Path("bench", "runs")
 
 
 def test_table_shows_fraction_of_copy_and_speed_against_each_peer():

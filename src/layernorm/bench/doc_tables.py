@@ -128,14 +128,14 @@ class Block:
 
 BLOCKS: dict[str, Block] = {
     "torch-speed": Block("docs/torch.md", "cpu-peers-full.json", peers.doc_section),
-    "complexity-bench": Block("docs/complexity.md", "cpu-family-8x1024x4096-rerun.json",
+    "complexity-bench": Block("docs/complexity.md", "cpu-family-8x1024x4096.json",
                               complexity_table),
     "cpu-bandwidth": Block("docs/cpu-kernels.md", "cpu-bandwidth.json", bandwidth_table),
     "call-cost": Block("docs/cpu-kernels.md", "call-cost.json", call_cost_table),
     "kernel-times": Block("docs/cpu-kernels.md", "kernel-times.json", kernel_times_table),
     "onnxruntime-rows": Block("docs/export.md", "onnxruntime-rows.json",
                               onnxruntime_rows_table),
-    "memory-efficient": Block("docs/cpu-kernels.md", "cpu-memory-efficient.json",
+    "memory-efficient": Block("docs/cpu-kernels.md", "cpu-memory-efficient-1of3.json",
                               memory_efficient_table),
 }
 _TOOL = "python tools/doc_tables.py"

@@ -11,8 +11,8 @@
                                 row, the file is rewritten after every row, and the rows of
                                 an earlier run can be kept and not measured again (resume)
     pass_bytes, make_row,       result rows and their JSON files,
-    write_results, load_results,  bench/results/gpu-<time>-<device>.json
-    latest_results
+    write_results, load_results,  bench/runs/gpu-<time>-<device>.json unless --out names a
+    latest_results                file or folder; the newest of bench/runs and bench/results
     format_table, plot_bandwidth  fraction of copy per provider, our speed against each peer
 
 Providers, per norm (a library that lacks a norm is absent for it; one that does not import
@@ -89,8 +89,8 @@ from .._validate import parse_shape, shape_extents
 from ..cost import minimal_bytes
 from ..dtypes import DTYPES
 from ..tolerances import compare
+from .results import RECORD_DIR, RUNS_DIR, dumps
 
-RESULTS_DIR = Path("bench") / "results"
 RESULT_KEYS = ("device", "norm", "dtype", "M", "N", "provider", "pass", "ms", "gbps",
                "copy_gbps")
 OPTIONAL_KEYS = ("timing", "error")
@@ -192,8 +192,8 @@ def names_a_file(out: Path | str) -> bool:
 
 def results_file(out: Path | str | None, device: str) -> Path:
     """Where rows go: ``out`` if it names a .json file, else a :func:`results_path` file in
-    the folder ``out`` (default bench/results)."""
-    out = RESULTS_DIR if out is None else Path(out)
+    the folder ``out`` (default bench/runs)."""
+    out = RUNS_DIR if out is None else Path(out)
     return out if names_a_file(out) else out / results_path(device)
 
 
@@ -203,7 +203,7 @@ def write_results(rows: list[dict[str, Any]], out: Path | str | None, device: st
     path = results_file(out, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rows, indent=1) + "\n")
+    tmp.write_text(dumps(rows))
     os.replace(tmp, path)
     return path
 
@@ -226,10 +226,11 @@ def load_results(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def latest_results(folder: Path = RESULTS_DIR) -> Path | None:
-    """The newest ``gpu-*.json`` in ``folder`` (names sort by time), or None."""
-    paths = sorted(Path(folder).glob("gpu-*.json"))
-    return paths[-1] if paths else None
+def latest_results(*folders: Path) -> Path | None:
+    """The newest ``gpu-*.json`` in ``folders`` (default bench/runs, where runs go, and
+    bench/results, the record; names sort by time), or None."""
+    paths = [p for f in (folders or (RUNS_DIR, RECORD_DIR)) for p in Path(f).glob("gpu-*.json")]
+    return max(paths, key=lambda p: p.name) if paths else None
 
 
 def _fraction(row: dict[str, Any]) -> float | None:

@@ -1,7 +1,10 @@
 """The CPU benchmark's results: JSON files, flags, verdicts, the tables, headlines and the plot.
 
-    save, load, default_path  ``{"meta": ..., "rows": [...]}`` as JSON, by default
-                              bench/results/cpu-<host>-<time>.json
+    save, load, default_path  ``{"meta": ..., "rows": [...]}`` as JSON (one row a line), by
+                              default bench/runs/cpu-<host>-<time>.json
+    RUNS_DIR, RECORD_DIR      bench/runs, where a run goes unless ``--out`` names a file (not
+                              tracked), and bench/results, the runs the docs are made from
+    dumps                     rows as JSON, one per line
     flag_rows                 each row's ``flags``: figures that cannot be results (below)
     verdict                   met, missed, or undecided: a goal judged at both ends of the
                               spread, with a guard band around the goal (below)
@@ -69,11 +72,16 @@ from .providers import BACKENDS, MEMORY_EFFICIENT
 
 __all__ = ["BUSY_CORES", "BWD_GOAL", "CLOSE", "DRAM", "FRACTION_MARGIN", "FWD_GOAL",
            "IN_CACHE", "OVERHEAD_S", "STEADY", "STEP_GOAL", "STRADDLES", "TORCH_API_GOAL",
-           "ME_GOAL", "UNKNOWN",
-           "bandwidth_figure", "default_path", "flag_rows", "format_latency", "format_table",
-           "fraction_verdict", "headlines", "load", "me_table", "me_verdict", "n_threads",
-           "noisy", "plot_bandwidth",
+           "ME_GOAL", "RECORD_DIR", "RUNS_DIR", "UNKNOWN",
+           "bandwidth_figure", "default_path", "dumps", "flag_rows", "format_latency",
+           "format_table", "fraction_verdict", "headlines", "load", "me_table", "me_verdict",
+           "n_threads", "noisy", "plot_bandwidth",
            "regime_note", "save", "speedup_verdict", "summary_table", "torch_table", "verdict"]
+
+# A run goes to RUNS_DIR (ignored by git) unless --out names a file; RECORD_DIR holds the runs
+# the docs' tables and figures are made from, each named for what it holds.
+RUNS_DIR = Path("bench") / "runs"
+RECORD_DIR = Path("bench") / "results"
 
 FWD_GOAL, BWD_GOAL, STEP_GOAL = 0.80, 0.70, 1.5  # fractions of copy; fwd+bwd speedup vs torch
 TORCH_API_GOAL = 1.5  # torch eager's fwd+bwd time over layernorm.torch's
@@ -126,15 +134,35 @@ def regime_note(llc: int | None) -> str:
 
 
 def default_path() -> Path:
-    """bench/results/cpu-<host>-<YYYYmmdd-HHMMSS>.json under the current folder."""
+    """bench/runs/cpu-<host>-<YYYYmmdd-HHMMSS>.json under the current folder."""
     host = "".join(c if c.isalnum() or c in "-_" else "-" for c in platform.node()) or "host"
-    return Path("bench") / "results" / f"cpu-{host}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    return RUNS_DIR / f"cpu-{host}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def dumps(value: object) -> str:
+    """``value`` as compact JSON, newline-terminated: a list, and the ``rows`` list of a dict,
+    one element a line (so a file diffs by row); everything else on one line."""
+    def one(v: object) -> str:
+        return json.dumps(v, separators=(",", ":"))
+
+    def rows(items: list) -> str:
+        return "[\n" + ",\n".join(one(r) for r in items) + "\n]" if items else "[]"
+
+    if isinstance(value, list):
+        return rows(value) + "\n"
+    if isinstance(value, dict):
+        return "{" + ",\n".join(
+            f"{one(k)}:{rows(v) if k == 'rows' and isinstance(v, list) else one(v)}"
+            for k, v in value.items()) + "}\n"
+    return one(value) + "\n"
 
 
 def save(result: dict, path: Path) -> Path:
-    """Write a run (``{"meta": ..., "rows": [...]}``) as JSON to ``path``; returns ``path``."""
+    """Write a run (``{"meta": ..., "rows": [...]}``) to ``path`` as :func:`dumps` gives it;
+    returns ``path``."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
+    path.write_text(dumps(result))
     return path
 
 

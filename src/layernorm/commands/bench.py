@@ -105,8 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=count, help="rounds of interleaved batches "
                         "(default 9, 5 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter batches")
-    parser.add_argument("--out", type=Path, help="JSON file (default bench/results/"
-                        "cpu-<host>-<time>.json)")
+    parser.add_argument("--out", type=Path, help="JSON file (default bench/runs/"
+                        "cpu-<host>-<time>.json; --peers: bench/runs/cpu-peers.json)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu (layernorm.bench.harness) or cuda (layernorm.bench.gpu)")
     parser.add_argument("--peers", action="store_true",
@@ -231,7 +231,7 @@ def _peer_grid(args: argparse.Namespace) -> tuple[list[str], list[int]]:
 
 def run_peers(args: argparse.Namespace) -> int:
     """``layernorm bench --peers``: the grid, its table and headlines, and the JSON
-    (bench/results/cpu-peers.json, or cpu-peers-full.json with --full, unless --out)."""
+    (bench/runs/cpu-peers.json, or cpu-peers-full.json with --full, unless --out)."""
     if args.shape or args.impl:
         return usage_error(PROG, "argument --peers: takes its named shapes and every "
                                  "provider; leave out --shape and --impl")
@@ -258,7 +258,7 @@ def run_peers(args: argparse.Namespace) -> int:
     else:
         print("\n" + peers.format_end_to_end(e2e))
     name = "cpu-peers-full.json" if args.full else "cpu-peers.json"
-    out = results.save(result, args.out or Path("bench/results") / name)
+    out = results.save(result, args.out or results.RUNS_DIR / name)
     print(f"\nsaved {out}")
     return 0
 
@@ -321,7 +321,7 @@ def run_cuda(args: argparse.Namespace) -> int:
 
     Reads ``args.dtype`` (names or None: bfloat16 and float32), ``args.shape`` (see
     :func:`layernorm.bench.gpu.parse_shapes`), ``args.quick``, ``args.out`` (.json file or
-    folder; default bench/results), ``args.resume`` (keep the measured rows of the ``--out``
+    folder; default bench/runs), ``args.resume`` (keep the measured rows of the ``--out``
     file and measure the rest) and ``args.rounds`` (runs per measurement). Returns 0 when
     done, 1 when our kernels disagree with the reference or fail, 2 when nothing can be
     measured.
@@ -400,7 +400,7 @@ def report_section(ctx: object) -> Section:
         f"\"busy machine\" (other processes took the cores), \"overhead-bound\" (a copy under "
         f"{results.OVERHEAD_S * 1e6:.0f} µs per call), \"implausible\" (faster than "
         f"{results.FRACTION_MARGIN}x the copy, or fwd+bwd faster than one of its passes). A "
-        f"short run: reproduce with `layernorm bench` (results in `bench/results/`). The check "
+        f"short run: reproduce with `layernorm bench` (results in `bench/runs/`). The check "
         f"column compares each result with the float64 reference under "
         f"`layernorm.tolerances`; PyTorch's float32 dgamma/dbeta are summed in float32 and fall "
         f"outside the float32 'param' tolerance, which assumes float64 accumulation (shown, "
@@ -454,7 +454,7 @@ def gpu_report_section(ctx: object) -> Section:
             ["not measured: no GPU results exist. Run `" + gpu.COMMAND + "` on a machine with "
              "an NVIDIA GPU; the next report shows them."],
             "No GPU measurements exist yet. On a machine with a CUDA GPU, run "
-            f"`{gpu.COMMAND}`: it writes `bench/results/gpu-<time>-<device>.json`, which the "
+            f"`{gpu.COMMAND}`: it writes `bench/runs/gpu-<time>-<device>.json`, which the "
             "next `layernorm report` shows here as a table and a bandwidth plot.\n",
             {"faster": "On a GPU: not measured; no GPU results exist (the GPU kernels are "
                        "tested under Triton's interpreter only)."})

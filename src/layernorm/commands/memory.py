@@ -13,11 +13,11 @@ as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 from .._table import render
+from ..bench.results import dumps
 from . import count, shape, usage_error, writable
 from .report import Section
 
@@ -100,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
     print("\nin activations: bytes over one (M, D) activation of the workload's dtype; saved: "
           "against torch's norms and against this package's default mode.")
     if args.out is not None:
-        args.out.write_text(json.dumps({"command": "layernorm memory", "rows": rows},
-                                       indent=1) + "\n")
+        args.out.write_text(dumps({"command": "layernorm memory", "rows": rows}))
         print(f"saved to {args.out}")
     return 0
 
