@@ -9,6 +9,7 @@ run a module's forward and backward, to compute the float64 oracle, and to compa
     float64_oracle(norm, args, cot, *, eps=None, zero_centered_gamma=False,
                    residual_dtype=None) -> Oracle: the same results in float64
     check_rows -> tuple of CheckRow: layernorm.selfcheck.run_checks() at its defaults
+    cpu_threads(n) -> context: the NumPy API's CPU kernels split each call over n threads
     assert_results_close(got, want, dtype, *, scales=None, floor=0.0, what="")
         -> every result of ``got`` against ``want`` through the tolerance table
     run_torch(norm, args, cot, *, device="cpu", **kw) -> {name: array}: the same results
@@ -320,3 +321,24 @@ def check_rows():
 def dtype_or_skip():
     """:func:`numpy_dtype`: a dtype by name, skipping the test where it is unavailable."""
     return numpy_dtype
+
+
+@pytest.fixture
+def cpu_threads(monkeypatch):
+    """A context manager: inside ``cpu_threads(n)``, each call of the NumPy API's CPU kernels
+    splits its rows over ``n`` threads (its own pool; more than the machine's cores is
+    allowed), however small the call."""
+    pytest.importorskip("numba")
+    import contextlib
+
+    from layernorm.cpu import api, entry
+
+    monkeypatch.setattr(entry, "SERIAL_ELEMENTS", 1)
+
+    @contextlib.contextmanager
+    def threads(n: int):
+        with monkeypatch.context() as m:
+            m.setattr(api, "threads", lambda: n)
+            yield
+
+    return threads

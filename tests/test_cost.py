@@ -8,6 +8,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from grids import pairwise
 
 import layernorm as ln
 from layernorm import cost
@@ -60,10 +61,9 @@ def _functions(name):
     return getattr(ln, f"{name}_forward"), getattr(ln, f"{name}_backward")
 
 
-@pytest.mark.parametrize("name", list(NORMS))
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("affine", [True, False])
-@pytest.mark.parametrize("shape", [(512, 256), (64, 4096)])
+@pytest.mark.parametrize("name, dtype, affine, shape", pairwise(
+    list(NORMS), ["float64", "float32", "float16", "bfloat16"], [True, False],
+    [(512, 256), (64, 4096)]))
 def test_reference_peak_memory_matches_model(name, dtype, affine, shape):
     """Protects the memory model of every norm: measured peaks of forward and backward
     within PEAK_SLACK of the model, and the temporaries (peak less what is returned) too."""
@@ -90,9 +90,8 @@ def test_reference_peak_memory_matches_model(name, dtype, affine, shape):
         <= PEAK_SLACK * model_b.reference_peak_bytes
 
 
-@pytest.mark.parametrize("name", list(NORMS))
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
-@pytest.mark.parametrize("gamma", [True, False])
+@pytest.mark.parametrize("name, dtype, gamma", pairwise(
+    list(NORMS), ["float64", "float32", "float16"], [True, False]))
 def test_cache_nbytes_equals_model(name, dtype, gamma):
     """Protects the cache model of every norm: xhat (M·D), rstd (M) and the scale (D, with
     gamma) in the compute dtype, exactly; an add-norm's cache holds nothing more."""
@@ -136,9 +135,8 @@ def _kept(cache):
     return dict(kept=len(norm.keep), kept_rows=len(norm.rows))
 
 
-@pytest.mark.parametrize("name", list(NORMS))
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("weights", ["none", "ordinary", "zeros"])
+@pytest.mark.parametrize("name, dtype, weights", pairwise(
+    list(NORMS), ["float64", "float32", "float16", "bfloat16"], ["none", "ordinary", "zeros"]))
 def test_memory_efficient_cache_nbytes_equals_model(name, dtype, weights):
     """Protects the memory-efficient cache model of every norm: the OutputCache's nbytes is
     rstd (M), the copies of the scale (D, with gamma) and of the shift (D, with beta:
@@ -164,10 +162,9 @@ def test_memory_efficient_cache_nbytes_equals_model(name, dtype, weights):
     assert model.cache_saved_bytes == default.nbytes - cache.nbytes
 
 
-@pytest.mark.parametrize("name", list(NORMS))
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("weights", ["none", "zeros"])
-@pytest.mark.parametrize("shape", [(512, 256), (64, 4096)])
+@pytest.mark.parametrize("name, dtype, weights, shape", pairwise(
+    list(NORMS), ["float64", "float32", "float16", "bfloat16"], ["none", "zeros"],
+    [(512, 256), (64, 4096)]))
 def test_memory_efficient_peak_memory_matches_model(name, dtype, weights, shape):
     """Protects the memory model of the memory-efficient mode of every norm, as
     test_reference_peak_memory_matches_model does the default's: measured peaks of forward
