@@ -1,5 +1,6 @@
 """replace_norms on transformers: every class of its table that the installed transformers
-defines is swapped and computes what the original computes (forward and gradients; float32,
+defines is swapped and computes what the original computes (one class of each group that
+shares its code, checked to cover them all; forward and gradients; float32,
 bfloat16 and the two mixtures of them; Cohere's per-head norms: test_per_head.py), instances
 it cannot take are left with their reason,
 and tiny config-built models of 24 families give the unswapped model's logits and gradients."""
@@ -90,25 +91,80 @@ def _swap_one(old: torch.nn.Module) -> torch.nn.Module:
     return model[0]
 
 
+def _sources(cls: type) -> str:
+    """What decides how an instance of ``cls`` computes and is swapped: the source of every
+    function its classes define (up to torch.nn.Module; the constructor, forward and their
+    helpers) and of the module-level functions those call, with the class's own name made
+    neutral (so transformers' copies of one norm agree)."""
+    parts = []
+    for c in cls.__mro__[:cls.__mro__.index(torch.nn.Module)]:
+        for name, fn in sorted(vars(c).items()):
+            if not inspect.isfunction(fn):
+                continue
+            called = [fn.__globals__[g] for g in fn.__code__.co_names
+                      if inspect.isfunction(fn.__globals__.get(g))]
+            for f in (fn, *called):
+                src = inspect.cleandoc(inspect.getsource(f))
+                parts.append(f"{name}:" + src.replace(c.__name__, "<class>"))
+    return "\n".join(parts)
+
+
+def _groups() -> dict[tuple[str, str], list[str]]:
+    """The table's installed classes grouped by recipe and :func:`_sources`: one group per
+    distinct way of computing, its classes in table order."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for recipe, entry in ENTRIES:
+        cls = _class(entry)
+        if cls is not None:
+            groups.setdefault((recipe, _sources(cls)), []).append(entry)
+    return groups
+
+
+GROUPS = _groups()
+# one test per group, on its first class: (recipe, entry, how many classes share its code)
+REPRESENTATIVES = [(recipe, entries[0], len(entries)) for (recipe, _), entries in GROUPS.items()]
+
+
+def test_every_table_class_is_in_a_tested_group():
+    """Protects the reach of the per-group test below: every installed class of the table is
+    in exactly one group, whose first class is tested, so a class whose code differs from
+    every other's is tested itself; a changed forward makes a new group, a class that only
+    renames another's code does not."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.mistral.modeling_mistral import MistralRMSNorm
+
+    members = [e for entries in GROUPS.values() for e in entries]
+    assert sorted(members) == sorted(e for _, e in ENTRIES if _class(e) is not None)
+    assert len(GROUPS) < len(members) / 2  # the grouping saves most of the classes' tests
+
+    class _Changed(LlamaRMSNorm):
+        def forward(self, hidden_states):
+            return super().forward(hidden_states) * 2
+
+    keys = {k for _, k in GROUPS}
+    assert _sources(_Changed) not in keys
+    assert _sources(LlamaRMSNorm) == _sources(MistralRMSNorm) in keys  # copies, renamed
+
+
 def test_table_is_checked_against_the_installed_transformers():
     """Protects the table's reach: it names the installed transformers' classes (all of them
-    for the pinned 5.24; the test of each class skips, naming it, where one is missing)."""
+    for the pinned 5.24; with another version, the groups hold those it has)."""
     missing = [entry for _, entry in ENTRIES if _class(entry) is None]
     if transformers.__version__.startswith("5.24."):
         assert missing == []
     assert len(ENTRIES) - len(missing) >= 200, missing
 
 
-@pytest.mark.parametrize(("recipe", "entry"), ENTRIES, ids=[e for _, e in ENTRIES])
-def test_table_class_computes_what_the_original_computes(recipe, entry):
-    """Protects each class of the table: an instance is swapped (its Parameter objects, eps
-    read from the right attribute or the literal, scale, result dtype) and ours give the
-    original's y, dx, dweight and dbias within the tolerances above, in every dtype mixture the
-    original accepts. Inputs have mean square eps/4, so a wrong eps shows; weights are random
-    (weight and 1 + weight differ)."""
+@pytest.mark.parametrize(("recipe", "entry", "shared"), REPRESENTATIVES,
+                         ids=[e for _, e, _ in REPRESENTATIVES])
+def test_table_class_computes_what_the_original_computes(recipe, entry, shared):
+    """Protects each distinct class of the table (one per group of classes with the same
+    code, ``shared`` of them): an instance is swapped (its Parameter objects, eps read from the
+    right attribute or the literal, scale, result dtype) and ours give the original's y, dx,
+    dweight and dbias within the tolerances above, in every dtype mixture the original
+    accepts. Inputs have mean square eps/4, so a wrong eps shows; weights are random (weight
+    and 1 + weight differ)."""
     cls = _class(entry)
-    if cls is None:
-        pytest.skip(f"transformers {transformers.__version__} has no {entry}")
     assert TABLE[transformers_key(entry)] is RECIPES[recipe]
     for x_dtype, p_dtype in DTYPES:
         torch.manual_seed(0)
