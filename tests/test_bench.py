@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,10 +35,12 @@ def result():
 
 @pytest.fixture(scope="module")
 def latency():
-    """harness.first_call_latency(), measured once for the module: each call compiles the
-    kernels in a fresh process with an empty cache (tens of seconds on a small machine)."""
+    """What harness.first_call_latency() returns, its figures made up: measuring it compiles
+    the kernels in a fresh process with an empty cache (tens of seconds), which is the
+    benchmark's work; test_first_call_latency_runs_cold_then_warm checks how it measures."""
     pytest.importorskip("numba")
-    return harness.first_call_latency()
+    return {"cold": {"import_s": 0.5, "forward_s": 9.0, "backward_s": 21.0},
+            "warm": {"import_s": 0.5, "forward_s": 0.2, "backward_s": 0.3}}
 
 
 @pytest.fixture
@@ -131,8 +135,6 @@ def test_runs_go_to_an_ignored_folder_unless_out_names_a_file(tmp_path, monkeypa
     """Protects bench/results/ as the record: `layernorm bench` without --out writes under
     bench/runs/ (ignored by git), nothing under bench/results/, and the file holds one row a
     line in compact JSON that loads back unchanged."""
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     assert "/bench/runs/" in (root / ".gitignore").read_text().split()
     monkeypatch.chdir(tmp_path)
@@ -187,13 +189,31 @@ def test_report_section_writes_plot_and_table(tmp_path, monkeypatch, first_calls
         assert results.format_latency(latency) in text
 
 
-def test_first_call_latency_runs_cold_then_warm(latency):
-    """Protects the first-call report: a fresh process with an empty Numba cache, then one
-    that loads that cache; each gives import, forward and backward seconds (not asserted)."""
-    assert list(latency) == ["cold", "warm"]
-    for t in latency.values():
-        assert set(t) == {"import_s", "forward_s", "backward_s"}
-        assert all(v > 0 for v in t.values())
+def test_first_call_latency_runs_cold_then_warm(monkeypatch):
+    """Protects the first-call report: its script, run in a fresh interpreter, prints import,
+    forward and backward seconds; first_call_latency runs it in a process with an empty Numba
+    cache of its own, then in another that loads that cache, and returns both (the figures
+    are not asserted; the test runs the script on this session's warm cache only)."""
+    pytest.importorskip("numba")
+    done = subprocess.run([sys.executable, "-c", harness._FIRST_CALL_SCRIPT], capture_output=True,
+                text=True, check=True)
+    printed = json.loads(done.stdout)
+    assert set(printed) == {"import_s", "forward_s", "backward_s"}
+    assert all(v > 0 for v in printed.values())
+    runs = []
+
+    def run(argv, env, **kw):
+        cache = env["NUMBA_CACHE_DIR"]
+        runs.append((argv, cache, sorted(Path(cache).iterdir())))
+        Path(cache, f"compiled-{len(runs)}").touch()  # what a run leaves for the next
+        return subprocess.CompletedProcess(argv, 0, done.stdout, "")
+
+    monkeypatch.setattr(harness.subprocess, "run", run)
+    latency = harness.first_call_latency()
+    assert list(latency) == ["cold", "warm"] and latency["cold"] == latency["warm"] == printed
+    (cold_argv, cold_cache, cold_files), (warm_argv, warm_cache, warm_files) = runs
+    assert cold_argv == warm_argv == [sys.executable, "-c", harness._FIRST_CALL_SCRIPT]
+    assert cold_cache == warm_cache and cold_files == [] and len(warm_files) == 1
     assert "cold: import" in results.format_latency(latency)
 
 

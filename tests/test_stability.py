@@ -33,7 +33,31 @@ def same_peers(monkeypatch, peers):
     return peers
 
 
-def test_command_prints_the_tables_and_writes_the_plot(tmp_path, capsys, same_peers):
+@pytest.fixture(scope="module")
+def quick_suite(peers):
+    """run_suite(quick=True) with table 5 from :func:`peers`, once for the module: what
+    `layernorm stability --quick` and the report's section compute."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(stability, "peer_table", lambda rng, cases=None: peers)
+        return stability.run_suite(quick=True)
+
+
+@pytest.fixture
+def same_suite(monkeypatch, quick_suite, same_peers):
+    """run_suite reuses the module's quick suite where it is asked for that one (timing and
+    peers included); any other call computes (with the module's table 5)."""
+    real = stability.run_suite
+
+    def run_suite(quick=False, seed=0, timing=True, peers=True):
+        if (quick, seed, timing, peers) == (True, 0, True, True):
+            return quick_suite
+        return real(quick, seed, timing, peers)
+
+    monkeypatch.setattr(stability, "run_suite", run_suite)
+    return quick_suite
+
+
+def test_command_prints_the_tables_and_writes_the_plot(tmp_path, capsys, same_suite):
     """Protects `layernorm stability --quick`: six tables, every target met, a PNG written."""
     png = tmp_path / "sweep.png"
     assert cli.main(["stability", "--quick", "--plot", str(png)]) == 0
@@ -60,7 +84,7 @@ def test_command_exits_1_when_a_target_fails(monkeypatch, capsys):
     assert "FAIL 1e4 + N(0, 0.1) [float32, reference] y:" in out and "targets failed" in out
 
 
-def test_report_section_embeds_plot_and_tables(tmp_path, same_peers):
+def test_report_section_embeds_plot_and_tables(tmp_path, same_suite, same_peers):
     """Protects the report section: a PNG in the report folder, linked from valid Markdown
     tables, the peers' table open and the other later tables folded, a verdict for the summary
     that counts the targets and quotes the float32 offset-1e4 row, a sentence on where the
@@ -87,7 +111,7 @@ def test_report_section_embeds_plot_and_tables(tmp_path, same_peers):
     assert peers_line[1:-1] in sec.answers["right"]
 
 
-def test_report_section_without_matplotlib(tmp_path, monkeypatch, same_peers):
+def test_report_section_without_matplotlib(tmp_path, monkeypatch, same_suite):
     """Protects the report where matplotlib is missing: the section says so instead of
     failing, and writes no plot."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
