@@ -56,7 +56,7 @@ def _check_against_oracle(p: Problem, ex: Exact, got: tuple, what: str) -> None:
 
 
 @OVERFLOW_IS_AN_ANSWER
-@budget(2000)
+@budget(500)
 @given(data=st.data())
 def test_backend_matches_the_exact_oracle(data):
     """Protects every backend on any input: y, dx, dgamma and dbeta within the tolerance table
@@ -164,7 +164,7 @@ def _out_never_aliases(data: st.DataObject, norm, run_norm) -> None:
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="needs numba")
 @OVERFLOW_IS_AN_ANSWER
-@budget(400)
+@budget(200)
 @given(data=st.data())
 def test_out_never_aliases_a_callers_array(data, run_norm):
     """Protects the caller's arrays from out=: any out overlapping x, gamma, beta (forward) or
@@ -218,7 +218,7 @@ def _functions(rng: np.random.Generator, shape: tuple[int, int]) -> dict:
     }
 
 
-@budget(400)
+@budget(200)
 @given(data=st.data())
 def test_check_vjp_never_passes_a_wrong_gradient(data):
     """Protects check_vjp's verdicts on drawn functions, points (|a| up to 1e3, offsets) and
