@@ -20,9 +20,13 @@ $(STAMP): pyproject.toml Makefile
 report: $(STAMP)
 	$(BIN)/layernorm report
 
+# The tests run in one worker per core (JOBS=0: in this process alone), each test file in one
+# worker, so a file's module fixtures are computed once.
+JOBS ?= auto
+
 test: $(STAMP)
 	$(BIN)/ruff check src tests tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) report .pytest_cache
