@@ -222,7 +222,8 @@ def kept_rows(rstd: Tensor, eps: float, bias: Tensor | None, keep: Tensor,
     none = torch.empty(0, dtype=torch.int64, device=rstd.device)
     if bias is None:
         return none
-    live = bias.detach().to(compute).to(torch.float64)  # a new tensor
+    # a copy: for a float64 bias both conversions return the caller's tensor itself
+    live = bias.detach().to(compute).to(torch.float64, copy=True)
     live[keep] = 0.0
     if not bool((live != 0).any()):
         return none
