@@ -3,15 +3,13 @@ float64 oracle of the definition on the same rounded inputs.
 
 On a machine with CUDA these run on the GPU; otherwise in Triton's interpreter on CPU tensors
 (conftest.py sets TRITON_INTERPRET=1), with shapes kept small because the interpreter is slow.
-Long rows are tested on small shapes by lowering the plan limits (the ``path`` fixture).
+Long rows are tested on small shapes by lowering the plan limits (the ``path`` fixture of
+conftest.py); the shared cases are in triton_cases.py.
 Tolerances come from layernorm.tolerances: y, h, dx and dresidual are "out" results, dw and db
 sums over rows ("gpu-param": float32 partial sums; float64 data sums in float64, "param").
 """
 
 from __future__ import annotations
-
-import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -20,188 +18,34 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from fuzzing import family_scales  # noqa: E402
+from grids import pairwise  # noqa: E402
+from triton_cases import (  # noqa: E402
+    DEVICE,
+    DTYPE_NAMES,
+    OVERFLOW_IS_AN_ANSWER,
+    SHORT_D,
+    Case,
+    dtype_name,
+    make_case,
+    poisoned_empty,
+    rescaled_rows,
+    strided,
+    torch_dtype,
+)
 
-from layernorm import tolerances  # noqa: E402
-from layernorm.dtypes import DTYPES, resolve  # noqa: E402
-from layernorm.family import NORMS, Norm  # noqa: E402
+from layernorm.dtypes import DTYPES  # noqa: E402
+from layernorm.family import NORMS  # noqa: E402
 from layernorm.gpu import kernels  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
-SHORT_D, LONG_D = 37, 100  # a ragged row packed several a tile; a long row of ragged blocks
+# every buffer the launchers allocate starts as NaN (conftest.py)
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")
 
-# Drawn extremes may have a true result beyond a dtype's range (inf), and Triton's interpreter
-# computes masked-out lanes too: NumPy warns of both.
-OVERFLOW_IS_AN_ANSWER = pytest.mark.filterwarnings(
-    "ignore:(overflow|invalid value|divide by zero) encountered")
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _numpy(t: torch.Tensor | None) -> np.ndarray | None:
-    """The same values in a NumPy array of the same dtype (bfloat16 from ml_dtypes)."""
-    if t is None:
-        return None
-    if t.dtype == torch.bfloat16:
-        return t.detach().float().cpu().numpy().astype(resolve("bfloat16"))
-    return t.detach().cpu().numpy()
-
-
-def _compute(dtype: torch.dtype) -> str:
-    return "float64" if dtype == torch.float64 else "float32"
-
-
-def _coarser(*names: str) -> str:
-    """The least precise of the dtypes named."""
-    return min(names, key=lambda n: DTYPES[n].significand_bits)
-
-
-@dataclass
-class Case:
-    """One problem: a norm's inputs as tensors on DEVICE, and the flags of its launch."""
-
-    norm: Norm
-    x: torch.Tensor
-    residual: torch.Tensor | None
-    weight: torch.Tensor | None
-    bias: torch.Tensor | None
-    dy: torch.Tensor
-    dh: torch.Tensor | None
-    eps: float
-    zero_centered_gamma: bool = False
-    h_dtype: torch.dtype | None = None
-
-    @property
-    def xn_dtype(self) -> torch.dtype:
-        """The dtype of what is normalized: h's, or x's."""
-        return (self.h_dtype or self.x.dtype) if self.norm.residual else self.x.dtype
-
-    def run(self) -> tuple[dict, torch.Tensor, torch.Tensor]:
-        """Our forward and backward through the launchers: results keyed as the oracle's, and
-        the saved mean and rstd."""
-        n = self.norm
-        y, h, mean, rstd = kernels.forward(
-            self.x, self.residual, self.weight, self.bias, self.eps, centred=n.centred,
-            zero_centered_gamma=self.zero_centered_gamma, h_dtype=self.h_dtype)
-        dx, dr, dw, db = kernels.backward(
-            self.dy, self.dh, h if n.residual else self.x, self.weight, self.bias, mean, rstd,
-            centred=n.centred, zero_centered_gamma=self.zero_centered_gamma,
-            x_dtype=self.x.dtype if n.residual else None,
-            residual_dtype=self.residual.dtype if n.residual else None)
-        got = {"y": y, "h": h, "dx": dx, "dresidual": dr, "dgamma": dw, "dbeta": db}
-        keep = ("y", *n.forward_outputs[1:], "dx", *n.backward_outputs[1:], "dgamma",
-                *(("dbeta",) if n.centred else ()))
-        return {k: got[k] for k in keep}, mean, rstd
-
-    def oracle(self, float64_oracle):
-        """The float64 oracle (tests/conftest.py) on the same rounded inputs."""
-        args = [_numpy(self.x)] + ([_numpy(self.residual)] if self.norm.residual else [])
-        args += [_numpy(self.weight)] + ([_numpy(self.bias)] if self.norm.centred else [])
-        cot = [_numpy(self.dy)] + ([_numpy(self.dh)] if self.norm.residual else [])
-        kw = {"residual_dtype": _name(self.h_dtype)} if self.norm.residual and self.h_dtype \
-            else {}
-        return float64_oracle(self.norm, args, cot, eps=self.eps,
-                              zero_centered_gamma=self.zero_centered_gamma, **kw)
-
-    def tolerance_dtype(self, name: str, result: torch.Tensor) -> tuple[str, str]:
-        """(dtype, quantity) of ``name``'s table entry: its own dtype, no more precise than
-        the compute dtype it came from."""
-        cdt = _compute(self.xn_dtype)
-        if name == "h":
-            return _name(result.dtype), "out"
-        if name in ("dgamma", "dbeta"):
-            dt = _coarser(_name(result.dtype), cdt)
-            return dt, "param" if dt == "float64" else "gpu-param"
-        return _coarser(_name(result.dtype), cdt), "out"
-
-
-def make_case(norm: str, M: int, D: int, dtype: str, *, seed: int = 0, eps: float | None = None,
-              residual_dtype: str | None = None, param_dtype: str | None = None,
-              h_dtype: str | None = None, dh: bool = True, affine: str = "both",
-              zero_centered_gamma: bool = False, loc: float = 0.5, spread: float = 2.0) -> Case:
-    """A :class:`Case` drawn from ``seed``, rounded to the dtypes named: x = loc + spread *
-    N(0, 1); weight near 1 (near 0 with zero_centered_gamma), the rest N(0, 1). ``affine``:
-    "both", "weight", "bias" or "none"."""
-    n = NORMS[norm]
-    g = torch.Generator().manual_seed(seed)
-
-    def draw(shape, name, mean=0.0, std=1.0):
-        t = torch.randn(shape, generator=g, dtype=torch.float64) * std + mean
-        return t.to(DEVICE, _torch_dtype(name))
-
-    pd = param_dtype or dtype
-    rd = residual_dtype or dtype
-    x = draw((M, D), dtype, loc, spread)
-    residual = draw((M, D), rd) if n.residual else None
-    weight = draw((D,), pd, 0.0 if zero_centered_gamma else 1.0, 0.5)
-    bias = draw((D,), pd, 0.0, 0.5) if n.centred else None
-    dy = draw((M, D), dtype)
-    dh_t = draw((M, D), rd) if n.residual and dh else None
-    return Case(n, x, residual,
-                weight if affine in ("both", "weight") else None,
-                bias if affine in ("both", "bias") else None,
-                dy, dh_t, n.eps if eps is None else eps, zero_centered_gamma,
-                _torch_dtype(h_dtype) if h_dtype and n.residual else None)
-
-
-def assert_matches_oracle(case: Case, float64_oracle, *, rows_scaled: bool = False,
-                          floor: float = 0.0) -> dict:
-    """Every result of ``case`` within the table of the oracle's (scaled by the size of its
-    terms, per row for y, dx and dresidual when ``rows_scaled``: rows of very different sizes;
-    ``floor`` as for :func:`layernorm.tolerances.compare`), in the right dtype and shape;
-    returns our results."""
-    got, _, _ = case.run()
-    o = case.oracle(float64_oracle)
-    assert got.keys() == o.results.keys()
-    sizes = family_scales(o)
-    for name, g in got.items():
-        want = o.results[name]
-        if want is None:
-            assert g is None, f"{name} should be None"
-            continue
-        param = name in ("dgamma", "dbeta")
-        ref_t = case.weight if name == "dgamma" else case.bias if name == "dbeta" else \
-            case.x if name in ("y", "dx") else case.residual
-        want_dtype = {"h": case.xn_dtype}.get(name, ref_t.dtype)
-        assert g.dtype == want_dtype and tuple(g.shape) == want.shape, (name, g.dtype, g.shape)
-        dt, quantity = case.tolerance_dtype(name, g)
-        a = _numpy(g).astype(np.float64)
-        if rows_scaled and not param and name != "h":
-            for r in range(a.shape[0]):
-                one = slice(r, r + 1)
-                row = dataclasses.replace(o, xhat=o.xhat[one], rstd=o.rstd[one], dy=o.dy[one],
-                                          dh=o.dh[one])
-                size = family_scales(row)[name]
-                tolerances.assert_close(a[r], want[r], dt, quantity, scale=size, floor=floor,
-                                        name=f"{name}[{r}]")
-        else:
-            tolerances.assert_close(a, want, dt, quantity, scale=sizes[name], floor=floor,
-                                    name=name)
-    return got
-
-
-def poisoned_empty(*args, **kw) -> torch.Tensor:
-    """torch.empty, filled with NaN where the dtype is floating."""
-    t = _empty(*args, **kw)
-    return t.fill_(float("nan")) if t.is_floating_point() else t
-
-
-_empty = torch.empty
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    """Every buffer the launchers allocate (outputs, statistics, partial sums) starts as NaN,
-    so an element no kernel writes is NaN in the results and fails the comparison, instead
-    of passing on whatever the allocator's memory held."""
-    monkeypatch.setattr(kernels.torch, "empty", poisoned_empty)
+PATHS = ["short", "long"]  # the values of the path fixture (conftest.py)
+# Where what is tested works the same for every norm on a path (the launch plan and the
+# dw/db partials are the path's): each norm on one path, each path with a plain norm and an
+# add-norm, a LayerNorm and an RMSNorm.
+EACH_NORM_ONE_PATH = [("layer_norm", "short"), ("add_rms_norm", "short"), ("rms_norm", "long"),
+                      ("add_layer_norm", "long")]
 
 
 @pytest.mark.parametrize("name", list(NORMS))
@@ -222,27 +66,6 @@ def test_outputs_start_poisoned(name, monkeypatch):
     assert len(results) == len(got) + 2
     for t in results:
         assert t.data_ptr() in poisoned and not torch.isnan(t).any()
-
-
-@pytest.fixture
-def check(float64_oracle):
-    """:func:`assert_matches_oracle` with the float64 oracle."""
-    def check(case: Case, **kw) -> dict:
-        return assert_matches_oracle(case, float64_oracle, **kw)
-    return check
-
-
-@pytest.fixture(params=["short", "long"])
-def path(request, monkeypatch) -> int:
-    """The row length of a short-row test (several rows a tile), or of a long-row one: every
-    D > 64 takes the long path in blocks of 32 (16 for float64), ragged last block included."""
-    if request.param == "short":
-        return SHORT_D
-    monkeypatch.setattr(kernels, "MAX_SHORT_D_FWD", 64)
-    monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 64)
-    monkeypatch.setattr(kernels, "LONG_BLOCK", 32)
-    assert kernels.plan("fwd", LONG_D).long and kernels.plan("bwd", LONG_D, wide=True).long
-    return LONG_D
 
 
 # --- the family against the oracle ---------------------------------------------------------
@@ -275,13 +98,11 @@ def test_large_offset_is_accurate(name, path, check):
     check(case)
 
 
-@pytest.mark.parametrize("affine", ["none", "weight", "bias"])
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, affine", [(n, a) for n in NORMS for a in ("none", "weight", "bias")
+                                           if NORMS[n].centred or a != "bias"])  # no RMS bias
 def test_parameters_each_optional(name, affine, check):
     """Protects weight and bias being independently optional: an absent one gets no gradient
     (None), and the others are still right."""
-    if affine == "bias" and not NORMS[name].centred:
-        pytest.skip("RMSNorm has no bias")
     check(make_case(name, 6, SHORT_D, "float32", affine=affine))
 
 
@@ -331,7 +152,7 @@ def test_h_is_rounded_once(x_dtype, r_dtype, h_dtype, path):
                      h_dtype=h_dtype)
     wide = torch.float64 if torch.float64 in (case.x.dtype, case.residual.dtype) else \
         torch.float32
-    want = (case.x.to(wide) + case.residual.to(wide)).to(_torch_dtype(h_dtype))
+    want = (case.x.to(wide) + case.residual.to(wide)).to(torch_dtype(h_dtype))
     assert torch.equal(case.run()[0]["h"], want)
 
 
@@ -346,16 +167,6 @@ def test_dh_absent_or_present(name, path, check):
 
 
 # --- layouts, M = 0 ---------------------------------------------------------------------------
-
-
-def strided(t: torch.Tensor | None) -> torch.Tensor | None:
-    """The same values as rows of a wider tensor: row stride 2 * D + 3, unit column stride."""
-    if t is None:
-        return None
-    wide = torch.full((t.shape[0], 2 * t.shape[1] + 3), float("nan"), dtype=t.dtype,
-                      device=t.device)
-    wide[:, 3:3 + t.shape[1]] = t
-    return wide[:, 3:3 + t.shape[1]]
 
 
 @pytest.mark.parametrize("name", list(NORMS))
@@ -398,7 +209,7 @@ def _constant_rows(case: Case) -> list[int]:
     D-fold sum is inexact; row 5 constant near the top of the range (LayerNorm), whose sum
     overflows. Returns the constant rows."""
     centred = case.norm.centred
-    big = 0.9 * DTYPES[_name(case.x.dtype)].largest
+    big = 0.9 * DTYPES[dtype_name(case.x.dtype)].largest
     values = {1: 0.1, 3: -3.3, 5: big} if centred else {1: 0.0, 3: 0.0}
     for r, v in values.items():
         case.x[r] = v
@@ -407,8 +218,8 @@ def _constant_rows(case: Case) -> list[int]:
     return list(values)
 
 
-@pytest.mark.parametrize("dtype", DTYPE_NAMES)
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, dtype, path", pairwise(list(NORMS), DTYPE_NAMES, PATHS),
+                         indirect=["path"])
 @OVERFLOW_IS_AN_ANSWER
 def test_constant_rows(name, dtype, path, check):
     """Protects constant rows (found by max == min, not by var == 0): y = bias exactly (0 for an
@@ -482,23 +293,6 @@ def test_constant_rows_do_not_depend_on_division_rounding(name, path, monkeypatc
     assert mean[2].item() == np.float32(0.1)
 
 
-def _rescaled_rows(case: Case) -> None:
-    """Rows whose sums overflow the compute dtype, with big = 0.9 * the largest value: row 0 one
-    big and D - 1 -big (D = 8: mean -0.675 big, and x - mean overflows), row 2 a spread of
-    big / 2**60 (its squares overflow), row 3 big / 4 + noise (its sum overflows). Residuals
-    are 0 there."""
-    big = 0.9 * DTYPES[_name(case.x.dtype)].largest
-    D = case.x.shape[1]
-    g = torch.Generator().manual_seed(1)
-    noise = torch.randn(D, generator=g, dtype=torch.float64)
-    rows = {0: torch.tensor([big] + [-big] * (D - 1), dtype=torch.float64),
-            2: noise * (big * 2.0**-60), 3: big / 4 + noise * (big / 400)}
-    for r, v in rows.items():
-        case.x[r] = v.to(DEVICE, case.x.dtype)
-        if case.residual is not None:
-            case.residual[r] = 0.0
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("name", list(NORMS))
 @OVERFLOW_IS_AN_ANSWER
@@ -515,7 +309,7 @@ def test_rows_whose_sums_overflow(name, dtype, monkeypatch, check):
             monkeypatch.setattr(kernels, "LONG_BLOCK", 4)
             assert kernels.plan("bwd", 8, wide=True).long
         case = make_case(name, 5, 8, dtype)
-        _rescaled_rows(case)
+        rescaled_rows(case)
         got = check(case, rows_scaled=True)
         for k, v in got.items():
             if k != "h":
@@ -541,7 +335,7 @@ def test_tiny_rows_with_eps_zero(name, path, check):
 # --- batch invariance, determinism, statistics ---------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
 @OVERFLOW_IS_AN_ANSWER
 def test_batch_invariance(name, path):
     """Protects a row's y and dx (and h, dresidual) not depending on M or on its neighbours:
@@ -551,7 +345,7 @@ def test_batch_invariance(name, path):
     alone, _, _ = case.run()
     big = make_case(name, 12, path, "bfloat16", seed=3)
     big.weight, big.bias = case.weight, case.bias
-    _rescaled_rows(big)
+    rescaled_rows(big)
     for k in ("x", "residual", "dy", "dh"):
         t = getattr(big, k)
         if t is not None:
@@ -562,7 +356,7 @@ def test_batch_invariance(name, path):
             assert torch.equal(batch[k][6:11], alone[k]), k
 
 
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
 def test_deterministic(name, path, monkeypatch):
     """Protects bit-identical results run to run (no atomics): every output of two runs is
     bitwise equal, with several programs writing partial rows of dw and db (16 "SMs": four
@@ -575,7 +369,7 @@ def test_deterministic(name, path, monkeypatch):
         assert torch.equal(first[k], second[k]), k
 
 
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
 def test_statistics(name, path):
     """Protects the saved statistics: float32 for half and float32 data (also bfloat16 x on a
     float32 residual stream), float64 for float64 h; the mean (zeros for RMSNorm) and rstd

@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 from fuzzing import budget, draw_family, draw_problem  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_gpu import (  # noqa: E402 - the launchers' runner and comparison, shared
+from triton_cases import (  # noqa: E402 - the launchers' runner and comparison, shared
     DEVICE,
     OVERFLOW_IS_AN_ANSWER,
     Case,

@@ -3,14 +3,14 @@ xhat recovered from y as (y - shift) / scale, the channels layernorm.recovery ke
 their own (M, k) store and the rows it keeps whole from their (r, D) store, against the
 reference's memory-efficient backward.
 
-The saves are what a memory-efficient forward keeps: y from kernels.forward, its rstd,
-keep = recovery.kept_channels(scale, shift in the compute dtype, y's dtype, D) and kept = xhat
-of those channels from xn, mean and rstd; rows = recovery.kept_rows(the true rstd, eps, shift,
-keep) and xhat_rows = xhat of those rows. The reference (layernorm.reference.*_forward(...,
-memory_efficient=True), then *_backward) is the definition; it is given the same saves (its
-OutputCache with y, rstd, xhat_kept, rows and xhat_rows replaced by these), so the comparison
-is of the two backwards alone. Tolerances as in test_gpu.py: dx and dresidual are "out"
-results, dw and db sums over rows ("gpu-param"; "param" for float64 data).
+The saves are what the library's memory-efficient forward on these kernels keeps
+(layernorm.torch's CUDA forward from y, ``_ops._fwd_y_triton``): y, the true rstd, the kept
+channels and their xhat, the rows kept whole and theirs. The reference (layernorm.reference
+.*_forward(..., memory_efficient=True), then *_backward) is the definition; its forward must
+keep the same channels and rows, and it is given the same saves (its OutputCache with y, rstd,
+xhat_kept, rows and xhat_rows replaced by these), so the comparison is of the two backwards
+alone. Tolerances as in test_gpu.py: dx and dresidual are "out" results, dw and db sums over
+rows ("gpu-param"; "param" for float64 data).
 
 As the other tests/gpu files: on CUDA when present, else in Triton's interpreter on CPU tensors
 (conftest.py sets TRITON_INTERPRET=1), with small shapes.
@@ -27,42 +27,35 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-# path and poisoned_outputs, imported, are this module's fixtures too: the short and long row
-# plans, and every buffer the launchers allocate starting as NaN
-from test_gpu import (  # noqa: E402, F401
+from grids import pairwise  # noqa: E402
+from triton_cases import (  # noqa: E402
     DEVICE,
+    DTYPE_NAMES,
     OVERFLOW_IS_AN_ANSWER,
     SHORT_D,
     Case,
-    _coarser,
-    _compute,
-    _name,
-    _numpy,
-    _rescaled_rows,
+    coarser,
+    compute_name,
+    dtype_name,
     make_case,
-    path,
-    poisoned_outputs,
+    rescaled_rows,
     strided,
+    to_numpy,
 )
 
-from layernorm import recovery, tolerances  # noqa: E402
 from layernorm import reference as ref  # noqa: E402
+from layernorm import tolerances  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
 from layernorm.gpu import kernels  # noqa: E402
-
-DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
-
-
-@pytest.fixture
-def row_len(path: int) -> int:  # noqa: F811 (test_gpu.py's fixture, imported)
-    """test_gpu.py's ``path``: a short row (several a tile), or a long one, the plan limits
-    lowered so that it takes the long-row kernels."""
-    return path
+from layernorm.torch import _ops  # noqa: E402
 
 # The interpreter divides in NumPy on every lane: y - shift over a zero scale on a kept channel
 # (replaced by the kept value), and masked-out lanes; NumPy warns of both.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:(divide by zero|invalid value) encountered in divide:RuntimeWarning")
+pytestmark = [
+    pytest.mark.usefixtures("poisoned_outputs"),  # buffers start as NaN (conftest.py)
+    pytest.mark.filterwarnings(
+        "ignore:(divide by zero|invalid value) encountered in divide:RuntimeWarning"),
+]
 
 
 @dataclass
@@ -79,45 +72,25 @@ class Saves:
     xhat_rows: torch.Tensor | None = None
 
 
-def _param_values(case: Case, T: torch.dtype) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The kernel's scale and shift in the compute dtype T, as NumPy arrays (None if absent)."""
-    scale = shift = None
-    if case.weight is not None:
-        scale = case.weight.to(T) + (1.0 if case.zero_centered_gamma else 0.0)
-        scale = scale.cpu().numpy()
-    if case.bias is not None:
-        shift = case.bias.to(T).cpu().numpy()
-    return scale, shift
-
-
-def saves_of(case: Case, *, true_rstd: bool = False) -> Saves:
-    """The saves of ``case``'s forward (kernels.forward): keep from recovery.kept_channels on
-    the scale and shift in the compute dtype, kept = (xn * s - mean) * |rstd| of those channels
-    (in float64, rounded once to T; s = 1 but on rows the forward rescaled), rows from
-    recovery.kept_rows on the true rstd (s * |rstd|) and xhat_rows the same xhat of those rows
-    on every channel. ``true_rstd``: the rstd saved is the true one, as a memory-efficient
-    forward must keep it; otherwise the forward's, mark included."""
+def saves_of(case: Case) -> Saves:
+    """What the library's memory-efficient forward on the Triton kernels keeps for ``case``
+    (layernorm.torch's CUDA forward from y, here on the CPU tensors of the interpreter): y,
+    the row's true rstd (the forward's rescaling folded back in), the kept channels and their
+    xhat, the rows kept whole and theirs."""
     n = case.norm
-    y, h, mean, rstd = kernels.forward(
-        case.x, case.residual, case.weight, case.bias, case.eps, centred=n.centred,
-        zero_centered_gamma=case.zero_centered_gamma, h_dtype=case.h_dtype)
-    xn = (h if n.residual else case.x).double()
-    T = rstd.dtype
-    D = xn.shape[1]
-    # kernels._pow2_scale: max|xn| * s in [1/2, 1), exponent capped
-    bias = 126 if T == torch.float32 else 1022
-    e = torch.frexp(xn.abs().amax(dim=1)).exponent.clamp(-bias, bias)
-    s = torch.where(rstd < 0, torch.pow(2.0, -e.double()), 1.0)  # (M,)
-    true = (rstd.double().abs() * s).to(T)  # (M,) the rstd of xn
-    r = rstd.double().abs()  # (M,) the rstd of xn * s
-    r = torch.where(r < float("inf"), r, 0.0)  # a constant row with eps = 0: xhat = 0
-    scale, shift = _param_values(case, T)
-    keep = recovery.kept_channels(scale, shift, y.dtype, D)
-    rows = recovery.kept_rows(_numpy(true), case.eps, shift, keep)
-    keep, rows = torch.from_numpy(keep).to(DEVICE), torch.from_numpy(rows).to(DEVICE)
-    xhat = (xn * s[:, None] - mean.double()[:, None]) * r[:, None]  # (M, D)
-    return Saves(y, true if true_rstd else rstd, keep, xhat[:, keep].to(T), rows,
-                 xhat[rows].to(T))
+    y, _, _, rstd, keep, kept, rows, xrows = _ops._fwd_y_triton(
+        case.x, case.residual, case.weight, case.bias, case.eps, n.centred,
+        case.zero_centered_gamma, case.h_dtype)
+    return Saves(y, rstd, keep, kept, rows, xrows)
+
+
+def forward_rstd(case: Case) -> torch.Tensor:
+    """The Triton forward's own rstd of ``case``: negative on a row it rescaled (the
+    statistics of xn * s, a mark the backward from y cannot complete)."""
+    n = case.norm
+    return kernels.forward(case.x, case.residual, case.weight, case.bias, case.eps,
+                           centred=n.centred, zero_centered_gamma=case.zero_centered_gamma,
+                           h_dtype=case.h_dtype)[3]
 
 
 def run_from_y(case: Case, saves: Saves) -> dict[str, torch.Tensor | None]:
@@ -154,26 +127,26 @@ def reference(case: Case, saves: Saves, *, own_rows: bool = True) -> Want:
     xhat_kept, rows and xhat_rows replaced by the saves' (no rows when they are None)."""
     n = case.norm
     name = n.name
-    args = [_numpy(case.x)] + ([_numpy(case.residual)] if n.residual else [])
-    args += [_numpy(case.weight)] + ([_numpy(case.bias)] if n.centred else [])
+    args = [to_numpy(case.x)] + ([to_numpy(case.residual)] if n.residual else [])
+    args += [to_numpy(case.weight)] + ([to_numpy(case.bias)] if n.centred else [])
     kw = {"zero_centered_gamma": case.zero_centered_gamma, "memory_efficient": True}
     if n.residual and case.h_dtype is not None:
-        kw["residual_dtype"] = _name(case.h_dtype)
+        kw["residual_dtype"] = dtype_name(case.h_dtype)
     cache = getattr(ref, f"{name}_forward")(*args, case.eps, **kw)[-1]
     norm = cache.norm if n.residual else cache
     keep = saves.keep.cpu().numpy()
     assert np.array_equal(norm.keep, keep), (norm.keep, keep)
     if saves.rows is None:
         rows = np.empty(0, np.int64)
-        xhat_rows = np.empty((0, saves.y.shape[1]), _numpy(saves.rstd).dtype)
+        xhat_rows = np.empty((0, saves.y.shape[1]), to_numpy(saves.rstd).dtype)
     else:
-        rows, xhat_rows = saves.rows.cpu().numpy(), _numpy(saves.xhat_rows)
+        rows, xhat_rows = saves.rows.cpu().numpy(), to_numpy(saves.xhat_rows)
     if own_rows:
         assert np.array_equal(norm.rows, rows), (norm.rows, rows)
-    norm = dataclasses.replace(norm, y=_numpy(saves.y).reshape(norm.y.shape),
-                               rstd=_numpy(saves.rstd), xhat_kept=_numpy(saves.kept),
+    norm = dataclasses.replace(norm, y=to_numpy(saves.y).reshape(norm.y.shape),
+                               rstd=to_numpy(saves.rstd), xhat_kept=to_numpy(saves.kept),
                                rows=rows, xhat_rows=xhat_rows)
-    dy, dh = _numpy(case.dy), _numpy(case.dh)
+    dy, dh = to_numpy(case.dy), to_numpy(case.dh)
     if n.residual:
         out = getattr(ref, f"{name}_backward")(dy, dh, dataclasses.replace(cache, norm=norm))
     else:
@@ -227,9 +200,9 @@ def assert_matches_reference(case: Case, saves: Saves | None = None, *,
                  "dbeta": case.bias}[name]
         assert g.dtype == ref_t.dtype and tuple(g.shape) == w.shape, (name, g.dtype, g.shape)
         param = name in ("dgamma", "dbeta")
-        dt = _coarser(_name(g.dtype), _compute(saves.rstd.dtype))
+        dt = coarser(dtype_name(g.dtype), compute_name(saves.rstd.dtype))
         quantity = ("param" if dt == "float64" else "gpu-param") if param else "out"
-        a = _numpy(g).astype(np.float64)
+        a = to_numpy(g).astype(np.float64)
         if rows_scaled and not param:
             for r in range(a.shape[0]):
                 row_size = sizes(want, slice(r, r + 1))[name]
@@ -238,6 +211,14 @@ def assert_matches_reference(case: Case, saves: Saves | None = None, *,
         else:
             tolerances.assert_close(a, w, dt, quantity, scale=size[name], name=name)
     return got, saves
+
+
+PATHS = ["short", "long"]  # the values of the path fixture (conftest.py)
+# Where what is tested works the same for every norm on a path (the launch plan and the
+# dw/db partials are the path's): each norm on one path, each path with a plain norm and an
+# add-norm, a LayerNorm and an RMSNorm.
+EACH_NORM_ONE_PATH = [("layer_norm", "short"), ("add_rms_norm", "short"), ("rms_norm", "long"),
+                      ("add_layer_norm", "long")]
 
 
 # --- every norm and dtype, both paths ---------------------------------------------------------
@@ -255,24 +236,22 @@ def _some_kept(case: Case) -> Case:
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("name", list(NORMS))
-def test_matches_the_reference(name, dtype, row_len):
+def test_matches_the_reference(name, dtype, path):
     """Protects the memory-efficient backward of every norm in each dtype, on both paths: xhat
     recovered from y on most channels and read from kept on the others (a zero weight; a bias
     40 times the weight), dx, dresidual, dw and db within the table of the reference's
     memory-efficient backward on the same saves, in their dtypes."""
-    case = _some_kept(make_case(name, 9, row_len, dtype))
+    case = _some_kept(make_case(name, 9, path, dtype))
     _, saves = assert_matches_reference(case)
     assert 3 in saves.keep.tolist() and (5 in saves.keep.tolist()) == case.norm.centred
 
 
-@pytest.mark.parametrize("affine", ["none", "weight", "bias"])
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, affine", [(n, a) for n in NORMS for a in ("none", "weight", "bias")
+                                           if NORMS[n].centred or a != "bias"])  # no RMS bias
 def test_parameters_each_optional(name, affine):
     """Protects weight and bias being independently optional: without weight the scale is 1
     (no division), without bias the shift is 0 (no subtraction), an absent parameter gets no
     gradient, and the rest is the reference's."""
-    if affine == "bias" and not NORMS[name].centred:
-        pytest.skip("RMSNorm has no bias")
     case = make_case(name, 6, SHORT_D, "float32", affine=affine)
     if case.bias is not None:
         case.bias[5] = 40.0  # kept: |bias| > 4 * 1
@@ -295,13 +274,13 @@ def test_zero_centered_gamma(name, dtype, param_dtype):
 
 
 @pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
-def test_add_norm_dtypes(name, row_len):
+def test_add_norm_dtypes(name, path):
     """Protects the add-norms' dtypes: bfloat16 x (and y) on a float32 residual stream computes
     in float32 (T from kept) with dx in bfloat16 and dresidual in float32; bfloat16 x with a
     float64 h computes in float64 (T float64: the add in float64, so dresidual = dx + dh is
     not rounded to float32 first)."""
     for h_dtype in ("float32", "float64"):
-        case = _some_kept(make_case(name, 6, row_len, "bfloat16", residual_dtype="float32",
+        case = _some_kept(make_case(name, 6, path, "bfloat16", residual_dtype="float32",
                                     h_dtype=h_dtype))
         got, saves = assert_matches_reference(case)
         assert saves.kept.dtype == saves.rstd.dtype == getattr(torch, h_dtype)
@@ -311,14 +290,14 @@ def test_add_norm_dtypes(name, row_len):
 # --- the recovery's hard cases ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPE_NAMES)
-@pytest.mark.parametrize("name", list(NORMS))
-def test_zero_weights(name, dtype, row_len):
+@pytest.mark.parametrize("name, dtype, path", pairwise(list(NORMS), DTYPE_NAMES, PATHS),
+                         indirect=["path"])
+def test_zero_weights(name, dtype, path):
     """Protects channels whose scale is exactly 0 (y there is the bias, xhat lost): kept, so
     their dw = sum(dy * xhat) comes from kept, never from (y - bias) / 0 = NaN or inf, and dx
     (whose g is 0 there) is finite everywhere."""
-    case = make_case(name, 7, row_len, dtype)
-    zero = [0, 1, 4, row_len - 1]
+    case = make_case(name, 7, path, dtype)
+    zero = [0, 1, 4, path - 1]
     case.weight[zero] = 0.0
     got, saves = assert_matches_reference(case)
     assert set(zero) <= set(saves.keep.tolist())
@@ -326,48 +305,48 @@ def test_zero_weights(name, dtype, row_len):
     assert (got["dgamma"][zero] != 0).all()
 
 
-@pytest.mark.parametrize("dtype", DTYPE_NAMES)
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, dtype, path", pairwise(list(NORMS), DTYPE_NAMES, PATHS),
+                         indirect=["path"])
 @OVERFLOW_IS_AN_ANSWER
-def test_weights_across_eight_decades(name, dtype, row_len):
+def test_weights_across_eight_decades(name, dtype, path):
     """Protects the division on weights from 1e-4 to 1e4 of either sign (bias N(0, 1)): small
     ones with |bias| > 4 |weight| kept, the rest recovered by a correctly rounded division;
     float16's large ones kept as well (|weight| sqrt(D) + |bias| past half its largest value,
     y could overflow)."""
-    case = make_case(name, 6, row_len, dtype)
+    case = make_case(name, 6, path, dtype)
     g = torch.Generator().manual_seed(4)
-    mag = torch.logspace(-4, 4, row_len, dtype=torch.float64)[torch.randperm(row_len, generator=g)]
-    sign = torch.where(torch.rand(row_len, generator=g) < 0.5, -1.0, 1.0)
+    mag = torch.logspace(-4, 4, path, dtype=torch.float64)[torch.randperm(path, generator=g)]
+    sign = torch.where(torch.rand(path, generator=g) < 0.5, -1.0, 1.0)
     case.weight.copy_((mag * sign).to(case.weight.dtype))
     if case.bias is not None:
-        case.bias.copy_(torch.randn(row_len, generator=g, dtype=torch.float64))
+        case.bias.copy_(torch.randn(path, generator=g, dtype=torch.float64))
     _, saves = assert_matches_reference(case)
     k = len(saves.keep)
-    assert 0 < k < row_len if case.bias is not None else k == 0 or dtype == "float16"
+    assert 0 < k < path if case.bias is not None else k == 0 or dtype == "float16"
     if dtype == "float16":
-        big = (case.weight.abs() * row_len**0.5 > 32752).nonzero().flatten().tolist()
+        big = (case.weight.abs() * path**0.5 > 32752).nonzero().flatten().tolist()
         assert big and set(big) <= set(saves.keep.tolist())
 
 
-@pytest.mark.parametrize("dtype", DTYPE_NAMES)
-@pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
-def test_every_channel_kept(name, dtype, row_len):
+@pytest.mark.parametrize("name, dtype, path", pairwise(
+    ["layer_norm", "add_layer_norm"], DTYPE_NAMES, PATHS), indirect=["path"])
+def test_every_channel_kept(name, dtype, path):
     """Protects k = D: a bias of 1e4 times the weight (|shift / scale| = 1e4 > 4) keeps every
     channel, so xhat comes from kept alone, y only being read."""
-    case = make_case(name, 6, row_len, dtype)
+    case = make_case(name, 6, path, dtype)
     case.bias.copy_((1e4 * case.weight.double()).to(case.bias.dtype))
     _, saves = assert_matches_reference(case)
-    assert saves.keep.tolist() == list(range(row_len))
+    assert saves.keep.tolist() == list(range(path))
 
 
-@pytest.mark.parametrize("dtype", DTYPE_NAMES)
-@pytest.mark.parametrize("name", list(NORMS))
-def test_nothing_kept(name, dtype, row_len):
+@pytest.mark.parametrize("name, dtype, path", pairwise(list(NORMS), DTYPE_NAMES, PATHS),
+                         indirect=["path"])
+def test_nothing_kept(name, dtype, path):
     """Protects k = 0 (weights at their initial values, weight = 1 and bias = 0; and no
     parameters): xhat recovered on every channel, kept an (M, 0) tensor, no map; and the
     result is close to the default backward's (which rebuilds xhat from xn)."""
     for affine in ("both", "none"):
-        case = make_case(name, 6, row_len, dtype, affine=affine)
+        case = make_case(name, 6, path, dtype, affine=affine)
         if case.weight is not None:
             case.weight.fill_(1.0)
         if case.bias is not None:
@@ -382,12 +361,12 @@ def test_nothing_kept(name, dtype, row_len):
                                    x_dtype=case.x.dtype,
                                    residual_dtype=case.residual.dtype if n.residual else None)
         size = float(default[0].double().abs().max())
-        tol = tolerances.tolerance(_coarser(dtype, _compute(rstd.dtype)), "out")
+        tol = tolerances.tolerance(coarser(dtype, compute_name(rstd.dtype)), "out")
         # both within the table of the truth, so within twice it of each other, plus y's own
         # rounding carried into xhat (u * |xhat|, |xhat| <= sqrt(D))
         u = 2.0 ** -(1 + {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}[dtype])
         diff = float((got["dx"].double() - default[0].double()).abs().max())
-        assert diff <= (2 * tol.atol + 2 * tol.rtol + 4 * u * row_len**0.5) * size, (diff, size)
+        assert diff <= (2 * tol.atol + 2 * tol.rtol + 4 * u * path**0.5) * size, (diff, size)
 
 
 # --- rows the forward rescaled, constant rows --------------------------------------------------
@@ -408,13 +387,13 @@ def test_rescaled_rows(name, dtype, monkeypatch):
             monkeypatch.setattr(kernels, "LONG_BLOCK", 4)
             assert kernels.plan("bwd", 8, wide=True).long
         case = make_case(name, 5, 8, dtype)
-        _rescaled_rows(case)
-        good, saves = assert_matches_reference(case, saves_of(case, true_rstd=True),
-                                               rows_scaled=True)
-        marked = saves_of(case)
-        rescaled = (marked.rstd < 0).nonzero().flatten().tolist()
+        rescaled_rows(case)
+        good, saves = assert_matches_reference(case, rows_scaled=True)
+        marked = forward_rstd(case)
+        rescaled = (marked < 0).nonzero().flatten().tolist()
         assert rescaled == [0, 2, 3]
-        bad = run_from_y(case, dataclasses.replace(saves, rstd=marked.rstd))
+        assert torch.equal(saves.rstd[[1, 4]], marked[[1, 4]])  # the others' own rstd
+        bad = run_from_y(case, dataclasses.replace(saves, rstd=marked))
         for k, v in bad.items():
             if k in ("dx", "dresidual"):
                 assert torch.isnan(v[rescaled]).all(), k
@@ -424,11 +403,11 @@ def test_rescaled_rows(name, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("name", list(NORMS))
-def test_constant_rows(name, row_len):
+def test_constant_rows(name, path):
     """Protects constant rows (y = bias, xhat = 0 recovered exactly on channels whose bias is
     a float32 value: y - shift = 0): dx = rstd * (g - mean(g)) as in the reference, finite,
     with rstd = 1/sqrt(eps)."""
-    case = make_case(name, 5, row_len, "float32")
+    case = make_case(name, 5, path, "float32")
     for r, v in ((1, 0.1), (3, -3.3)) if case.norm.centred else ((1, 0.0), (3, 0.0)):
         case.x[r] = v
         if case.residual is not None:
@@ -492,7 +471,7 @@ def _mixed_precision(dtype: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-def test_nearly_constant_rows_of_an_add_norm(dtype, row_len, has_rows):
+def test_nearly_constant_rows_of_an_add_norm(dtype, path, has_rows):
     """Protects the rows kept whole (recovery's "Rows") on an add-norm's nearly constant rows
     (var < eps under a non-zero bias): recovery.kept_rows names them, their xhat is read from
     xhat_rows, and every result is within the table of the reference's with the same rows, dx
@@ -502,28 +481,28 @@ def test_nearly_constant_rows_of_an_add_norm(dtype, row_len, has_rows):
     wholly for a bfloat16 y of a float32 stream. Tiles mixing both kinds of rows; short and
     long rows."""
     for whole in ([0, 2, 3, 5], list(range(6))):
-        case = _nearly_constant(make_case("add_layer_norm", 6, row_len, dtype,
+        case = _nearly_constant(make_case("add_layer_norm", 6, path, dtype,
                                           **_mixed_precision(dtype)), whole)
         got, saves = assert_matches_reference(case, rows_scaled=True)
-        assert saves.rows.tolist() == whole and saves.xhat_rows.shape == (len(whole), row_len)
+        assert saves.rows.tolist() == whole and saves.xhat_rows.shape == (len(whole), path)
         assert has_rows and all(has_rows)
     want = reference(case, saves)
     xhat = want.norm.xhat().astype(np.float64)
     terms = float((np.abs(want.dy.astype(np.float64) * xhat).sum(0)).max())
     assert 0 < terms < 0.1 * np.abs(want.dy.astype(np.float64)).sum(0).max()
-    dt = _coarser(_name(got["dgamma"].dtype), _compute(saves.rstd.dtype))
-    tolerances.assert_close(_numpy(got["dgamma"]).astype(np.float64), want.results["dgamma"],
+    dt = coarser(dtype_name(got["dgamma"].dtype), compute_name(saves.rstd.dtype))
+    tolerances.assert_close(to_numpy(got["dgamma"]).astype(np.float64), want.results["dgamma"],
                             dt, "param" if dt == "float64" else "gpu-param", scale=terms,
                             name="dgamma")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-def test_constant_rows_kept_whole(dtype, row_len):
+def test_constant_rows_kept_whole(dtype, path):
     """Protects plain LayerNorm rows made constant (xhat = 0, y = bias rounded to y's dtype):
     kept whole (rows 1 and 3 of 5, by kept_rows), their xhat 0 read from xhat_rows, where a
     bfloat16 y of float32 parameters would recover (round(bias) - bias) / scale, ~1e-3, and
     dgamma would be off by that times dy; every result within the table of the reference's."""
-    case = make_case("layer_norm", 5, row_len, dtype,
+    case = make_case("layer_norm", 5, path, dtype,
                      param_dtype="float32" if dtype == "bfloat16" else None)
     case.x[1], case.x[3] = 0.1, -3.3
     got, saves = assert_matches_reference(case, rows_scaled=True)
@@ -531,20 +510,20 @@ def test_constant_rows_kept_whole(dtype, row_len):
     assert all(torch.isfinite(v).all() for v in got.values() if v is not None)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-@pytest.mark.parametrize("name", list(NORMS))
-def test_rows_read_whole(name, dtype, row_len, has_rows):
+@pytest.mark.parametrize("name, dtype, path", pairwise(
+    list(NORMS), ["float32", "bfloat16", "float64"], PATHS), indirect=["path"])
+def test_rows_read_whole(name, dtype, path, has_rows):
     """Protects how a row kept whole is read, whatever the rule chose: its xhat from its own
     row of xhat_rows on every channel (kept channels included), y unused. Rows 0, 3 and 4 of 6
     given N(0, 1) values no y gives, through a row stride: dx and dresidual row by row, dw and
     db within the table of the reference's given the same rows; the other rows' dx and
     dresidual bit for bit those of the run without rows; a contiguous xhat_rows bit for bit
     the same."""
-    case = _some_kept(make_case(name, 6, row_len, dtype))
+    case = _some_kept(make_case(name, 6, path, dtype))
     base = saves_of(case)
     assert base.rows.numel() == 0 and base.keep.numel() > 0
     g = torch.Generator().manual_seed(5)
-    values = torch.randn((3, row_len), generator=g, dtype=torch.float64)
+    values = torch.randn((3, path), generator=g, dtype=torch.float64)
     values = values.to(DEVICE, base.rstd.dtype)
     rows = torch.tensor([0, 3, 4], device=DEVICE)
     kept = base.kept.clone()
@@ -563,12 +542,12 @@ def test_rows_read_whole(name, dtype, row_len, has_rows):
 
 
 @pytest.mark.parametrize("name", list(NORMS))
-def test_no_rows_kept(name, row_len, has_rows):
+def test_no_rows_kept(name, path, has_rows):
     """Protects r = 0: rows (0,) and xhat_rows (0, D) give bit for bit the results of rows =
     xhat_rows = None, every kernel launched with HAS_ROWS False (the code without rows)."""
-    case = _some_kept(make_case(name, 6, row_len, "float32"))
+    case = _some_kept(make_case(name, 6, path, "float32"))
     saves = saves_of(case)
-    assert saves.rows.numel() == 0 and saves.xhat_rows.shape == (0, row_len)
+    assert saves.rows.numel() == 0 and saves.xhat_rows.shape == (0, path)
     empty = run_from_y(case, saves)
     none = run_from_y(case, dataclasses.replace(saves, rows=None, xhat_rows=None))
     assert has_rows and not any(has_rows)
@@ -613,10 +592,10 @@ def test_bad_rows():
 
 
 @pytest.mark.parametrize("name", list(NORMS))
-def test_row_strides(name, row_len):
+def test_row_strides(name, path):
     """Protects y, dy, dh and kept read in place through their row strides: bitwise the
     results of contiguous copies."""
-    case = _some_kept(make_case(name, 5, row_len, "float32"))
+    case = _some_kept(make_case(name, 5, path, "float32"))
     saves = saves_of(case)
     want = run_from_y(case, saves)
     wide = torch.full((5, saves.kept.shape[1] + 7), float("nan"), dtype=saves.kept.dtype,
@@ -629,16 +608,38 @@ def test_row_strides(name, row_len):
         assert torch.equal(got[k], want[k]), k
 
 
-@pytest.mark.parametrize("name", list(NORMS))
-def test_deterministic(name, row_len, monkeypatch):
+@pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
+def test_deterministic(name, path, monkeypatch):
     """Protects bit-identical results run to run with several programs writing partial rows
     of dw and db (16 "SMs")."""
     monkeypatch.setattr(kernels, "_sm_count", lambda device: 16)
-    case = _some_kept(make_case(name, 64 if row_len == SHORT_D else 12, row_len, "bfloat16"))
+    case = _some_kept(make_case(name, 64 if path == SHORT_D else 12, path, "bfloat16"))
     saves = saves_of(case)
     first, second = run_from_y(case, saves), run_from_y(case, saves)
     for k in first:
         assert torch.equal(first[k], second[k]), k
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_inputs_are_never_modified(name, dtype):
+    """Protects the caller's tensors on the memory-efficient path of the Triton kernels: the
+    library's forward from y (which finds the kept channels and the rows kept whole from the
+    bias in the compute dtype, a no-op conversion for float64) and the backward from y leave
+    x, residual, weight, bias, dy and dh bit for bit as they were, kept channels and rows kept
+    whole included."""
+    case = _some_kept(make_case(name, 6, SHORT_D, dtype))
+    if case.norm.residual:
+        case.x[2], case.residual[2] = 0.25, 0.0  # a constant row: kept whole under a bias
+    else:
+        case.x[2] = 0.25
+    names = ("x", "residual", "weight", "bias", "dy", "dh")
+    before = {k: getattr(case, k).clone() for k in names if getattr(case, k) is not None}
+    saves = saves_of(case)
+    assert saves.keep.numel() and (saves.rows.numel() > 0) == case.norm.centred
+    run_from_y(case, saves)
+    for k, t in before.items():
+        assert torch.equal(getattr(case, k), t), f"{k} was modified"
 
 
 @pytest.mark.parametrize("name", list(NORMS))

@@ -16,15 +16,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 from fuzzing import family_scales  # noqa: E402
-
-# poisoned_outputs, imported, is this module's fixture too (autouse: every buffer the
-# launchers allocate starts as NaN)
-from test_gpu import DEVICE, Case, _numpy, poisoned_outputs  # noqa: E402, F401
+from triton_cases import DEVICE, Case, to_numpy  # noqa: E402
 
 from layernorm import tolerances  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
 from layernorm.gpu import kernels  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")  # buffers start as NaN (conftest.py)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: gigabytes of data")
 PAST_INT32 = 2**31  # elements: past every 32-bit offset
 BATCH = 2**27  # elements of a batch that fills every SM several times over
@@ -73,7 +71,7 @@ def assert_rows_match_oracle(case: Case, got: dict, rows: list[int], float64_ora
     for name in ROW_WISE:
         if name in got:
             dt, quantity = small.tolerance_dtype(name, got[name])
-            tolerances.assert_close(_numpy(got[name][rows]).astype(np.float64), o.results[name],
+            tolerances.assert_close(to_numpy(got[name][rows]).astype(np.float64), o.results[name],
                                     dt, quantity, scale=sizes[name], name=f"{name}{rows}")
 
 
