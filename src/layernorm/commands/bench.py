@@ -105,8 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=count, help="rounds of interleaved batches "
                         "(default 9, 5 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter batches")
-    parser.add_argument("--out", type=Path, help="JSON file (default bench/runs/"
-                        "cpu-<host>-<time>.json; --peers: bench/runs/cpu-peers.json)")
+    parser.add_argument("--out", type=Path, help="JSON file (default, in bench/runs/, not "
+                        "tracked: cpu-<host>-<time>.json; with --peers cpu-peers.json; with "
+                        "--device cuda gpu-<time>-<device>.json, or in the folder --out names)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu (layernorm.bench.harness) or cuda (layernorm.bench.gpu)")
     parser.add_argument("--peers", action="store_true",
