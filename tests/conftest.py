@@ -22,6 +22,7 @@ so Hypothesis properties may use them too.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,15 @@ import pytest
 from layernorm.dtypes import DTYPES, available, compute_dtype, resolve
 from layernorm.family import Norm
 from layernorm.tolerances import assert_close
+
+# Under pytest-xdist (`make test`) each worker's torch gets its share of the cores for its
+# OpenMP threads, set before torch is imported: OpenMP threads wait for work by spinning, so
+# two workers with a thread per core each would take each other's cores (measured: the warm
+# suite on 2 cores took as long in 2 workers as in one). A test that sets the thread count
+# itself still gets what it sets.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(
+        1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 # y, h, dx and dresidual are per-element results ("out"); dgamma and dbeta sums over rows
 QUANTITY = {"y": "out", "h": "out", "dx": "out", "dresidual": "out",
