@@ -41,6 +41,22 @@ if torch is not None:
             return assert_matches_oracle(case, float64_oracle, **kw)
         return check
 
+    @pytest.fixture
+    def partial_rows(monkeypatch) -> list[int]:
+        """The number of partial rows of dw and db (of programs writing them) of every
+        backward launched from here on, with 16 "SMs"."""
+        from layernorm.gpu import kernels
+
+        monkeypatch.setattr(kernels, "_sm_count", lambda device: 16)
+        seen: list[int] = []
+        count = kernels._partial_rows
+
+        def recording(*args, **kw) -> int:
+            seen.append(count(*args, **kw))
+            return seen[-1]
+        monkeypatch.setattr(kernels, "_partial_rows", recording)
+        return seen
+
     @pytest.fixture(params=["short", "long"])
     def path(request, monkeypatch) -> int:
         """The row length of a short-row test (several rows a tile), or of a long-row one:

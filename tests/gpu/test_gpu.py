@@ -82,10 +82,13 @@ def test_family_matches_the_oracle(name, dtype, path, check):
 
 @pytest.mark.parametrize("name", ["layer_norm", "add_rms_norm"])
 def test_long_rows_at_their_real_size(name, check):
-    """Protects the long-row kernels at their real sizes: D = 70,000 (two rows) is looped over in
-    blocks of LONG_BLOCK, never held whole; the last block is ragged."""
-    assert kernels.plan("fwd", 70000).long and kernels.plan("bwd", 70000).long
-    check(make_case(name, 2, 70000, "bfloat16" if "add" in name else "float32"))
+    """Protects the long-row kernels with their real plan (no limit lowered): D = 10,000 (two
+    rows), past both passes' short-row limits, is looped over in blocks of LONG_BLOCK, never
+    held whole; the last block is ragged."""
+    D = 10000
+    assert kernels.plan("fwd", D).long and kernels.plan("bwd", D).long
+    assert D > 2 * kernels.LONG_BLOCK and D % kernels.LONG_BLOCK
+    check(make_case(name, 2, D, "bfloat16" if "add" in name else "float32"))
 
 
 @pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
@@ -128,18 +131,17 @@ def test_zero_centered_gamma(name, dtype, param_dtype, check):
     check(case)
 
 
-@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
-def test_float32_residual_stream_with_bfloat16_x(name, path, check):
-    """Protects the add-norms' mixed dtypes: bfloat16 x on a float32 residual stream (h, its
-    dtype, float32): h = x + residual exactly, y and dx in bfloat16, dresidual in float32, the
-    statistics float32; and bfloat16 h from a float32 residual, rounded once."""
-    case = make_case(name, 6, path, "bfloat16", residual_dtype="float32", h_dtype="float32")
+@pytest.mark.parametrize("name, path, h_dtype", pairwise(
+    ["add_layer_norm", "add_rms_norm"], PATHS, ["float32", "bfloat16"]), indirect=["path"])
+def test_float32_residual_stream_with_bfloat16_x(name, path, h_dtype, check):
+    """Protects the add-norms' mixed dtypes, each h dtype on both paths: bfloat16 x on a
+    float32 residual stream (h, its dtype, float32): h = x + residual exactly, y and dx in
+    bfloat16, dresidual in float32, the statistics float32; and bfloat16 h from a float32
+    residual, rounded once; all within the table of the oracle."""
+    case = make_case(name, 6, path, "bfloat16", residual_dtype="float32", h_dtype=h_dtype)
     got = check(case)
-    assert torch.equal(got["h"], case.x.float() + case.residual)
+    assert torch.equal(got["h"], (case.x.float() + case.residual).to(torch_dtype(h_dtype)))
     assert got["dx"].dtype == torch.bfloat16 and got["dresidual"].dtype == torch.float32
-    case = make_case(name, 6, path, "bfloat16", residual_dtype="float32", h_dtype="bfloat16")
-    got = check(case)
-    assert torch.equal(got["h"], (case.x.float() + case.residual).bfloat16())
 
 
 @pytest.mark.parametrize("x_dtype,r_dtype,h_dtype", [
@@ -153,26 +155,30 @@ def test_h_is_rounded_once(x_dtype, r_dtype, h_dtype, path):
     wide = torch.float64 if torch.float64 in (case.x.dtype, case.residual.dtype) else \
         torch.float32
     want = (case.x.to(wide) + case.residual.to(wide)).to(torch_dtype(h_dtype))
-    assert torch.equal(case.run()[0]["h"], want)
+    _, h, _, _ = kernels.forward(case.x, case.residual, case.weight, case.bias, case.eps,
+                                 centred=True, h_dtype=case.h_dtype)
+    assert h.dtype == want.dtype and torch.equal(h, want)
 
 
-@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
-def test_dh_absent_or_present(name, path, check):
-    """Protects dh: absent, dx = dresidual = the norm's gradient; present, dh is added before
-    the one rounding; either way within the table of the oracle."""
-    without = check(make_case(name, 5, path, "float32", dh=False))
-    case = make_case(name, 5, path, "float32")
-    with_dh = check(case)
-    assert not torch.equal(without["dx"], with_dh["dx"])
+@pytest.mark.parametrize("name, path, dh", pairwise(
+    ["add_layer_norm", "add_rms_norm"], PATHS, [False, True]), indirect=["path"])
+def test_dh_absent_or_present(name, path, dh, check):
+    """Protects dh, each way on both paths: absent, dx = dresidual = the norm's gradient;
+    present, dh (N(0, 1), the size of that gradient, so one left out is far outside the
+    table) is added before the one rounding; either way dx and dresidual within the table of
+    the oracle, in their dtypes."""
+    got = check(make_case(name, 5, path, "float32", dh=dh))
+    assert got["dx"].dtype == got["dresidual"].dtype == torch.float32
 
 
 # --- layouts, M = 0 ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
 def test_row_strides(name, path):
     """Protects inputs read in place through their row stride (x, residual, dy, dh, and the h
-    given back to the backward): bitwise the results of contiguous copies."""
+    given back to the backward), on both paths, with and without a residual: bitwise the
+    results of contiguous copies."""
     case = make_case(name, 5, path, "float32")
     want, mean, rstd = case.run()
     laid_out = Case(**{**case.__dict__, **{k: strided(getattr(case, k))
@@ -229,6 +235,7 @@ def test_constant_rows(name, dtype, path, check):
     case = make_case(name, 7, path, dtype)
     rows = _constant_rows(case)
     got, mean, rstd = case.run()
+    check(case, rows_scaled=True, results=got)
     xn = got["h"] if case.norm.residual else case.x
     for r in rows:
         want_y = case.bias if case.norm.centred else torch.zeros_like(case.weight)
@@ -237,15 +244,15 @@ def test_constant_rows(name, dtype, path, check):
         sdt = np.float64 if mean.dtype == torch.float64 else np.float32
         assert rstd[r].item() == sdt(1) / np.sqrt(sdt(case.eps))
     assert all(torch.isfinite(v).all() for v in got.values() if v is not None)
-    check(case, rows_scaled=True)
 
 
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
 @OVERFLOW_IS_AN_ANSWER
 def test_constant_rows_with_eps_zero(name, path, check):
-    """Protects eps = 0 (torch accepts it): a constant row gives y = bias (torch gives NaN), mean
-    = its value and rstd = inf (as torch); its dx = inf·(g − mean(g)) is ±inf or NaN (the
-    derivative is unbounded there), but no other row and no parameter gradient is touched."""
+    """Protects eps = 0 (torch accepts it), LayerNorm and RMSNorm rows on both paths: a
+    constant row gives y = bias (torch gives NaN), mean = its value and rstd = inf (as torch);
+    its dx = inf·(g − mean(g)) is ±inf or NaN (the derivative is unbounded there), but no other
+    row and no parameter gradient is touched."""
     case = make_case(name, 6, path, "float32", eps=0.0)
     rows = _constant_rows(case)
     got, mean, rstd = case.run()
@@ -288,40 +295,41 @@ def test_constant_rows_do_not_depend_on_division_rounding(name, path, monkeypatc
     case.x[2] = 0.1
     if case.residual is not None:
         case.residual[2] = 0.0
-    got, mean, _ = case.run()
-    assert torch.equal(got["y"][2], torch.zeros_like(got["y"][2]))
+    y, _, mean, _ = kernels.forward(case.x, case.residual, case.weight, case.bias, case.eps,
+                                    centred=True)
+    assert torch.equal(y[2], torch.zeros_like(y[2]))
     assert mean[2].item() == np.float32(0.1)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, dtype, long", pairwise(
+    list(NORMS), ["bfloat16", "float32", "float64"], [False, True]))
 @OVERFLOW_IS_AN_ANSWER
-def test_rows_whose_sums_overflow(name, dtype, monkeypatch, check):
+def test_rows_whose_sums_overflow(name, dtype, long, monkeypatch, check):
     """Protects the power-of-two rescaling in both passes: a row of one 3e38 and seven -3e38
     (float32; 0.9 of the largest value in each dtype) has a finite y and, since the backward
     works on x * s as the forward did, finite dx (it was NaN) and finite dw/db in every column;
-    all within the table of the oracle (dx per row, relative to its size), on both paths, the
-    other rows untouched."""
-    for long in (False, True):
-        if long:
-            monkeypatch.setattr(kernels, "MAX_SHORT_D_FWD", 4)
-            monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 4)
-            monkeypatch.setattr(kernels, "LONG_BLOCK", 4)
-            assert kernels.plan("bwd", 8, wide=True).long
-        case = make_case(name, 5, 8, dtype)
-        rescaled_rows(case)
-        got = check(case, rows_scaled=True)
-        for k, v in got.items():
-            if k != "h":
-                assert torch.isfinite(v).all(), k
+    all within the table of the oracle (dx per row, relative to its size), the other rows
+    untouched. Short rows, and long ones (D = 8 in blocks of 4), each norm and dtype on both."""
+    if long:
+        monkeypatch.setattr(kernels, "MAX_SHORT_D_FWD", 4)
+        monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 4)
+        monkeypatch.setattr(kernels, "LONG_BLOCK", 4)
+    assert kernels.plan("fwd", 8).long == kernels.plan("bwd", 8, wide=True).long == long
+    case = make_case(name, 5, 8, dtype)
+    rescaled_rows(case)
+    got = check(case, rows_scaled=True)
+    for k, v in got.items():
+        if k != "h":
+            assert torch.isfinite(v).all(), k
 
 
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
 @OVERFLOW_IS_AN_ANSWER
 def test_tiny_rows_with_eps_zero(name, path, check):
-    """Protects rows whose var underflows when eps = 0: values near 1e-20 (var below the
-    smallest normal float32) and subnormal ones are rescaled too, so y is the oracle's (not
-    ±inf), dw finite; dx of the subnormal row, ~1e41, is inf in float32, as it should be."""
+    """Protects rows whose var underflows when eps = 0, LayerNorm and RMSNorm rows on both
+    paths: values near 1e-20 (var below the smallest normal float32) and subnormal ones are
+    rescaled too, so y is the oracle's (not ±inf), dw finite; dx of the subnormal row, ~1e41,
+    is inf in float32, as it should be."""
     case = make_case(name, 4, path, "float32", eps=0.0)
     g = torch.Generator().manual_seed(2)
     for r, size in ((1, 1e-20), (2, 1e-42)):
@@ -357,13 +365,13 @@ def test_batch_invariance(name, path):
 
 
 @pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
-def test_deterministic(name, path, monkeypatch):
+def test_deterministic(name, path, partial_rows):
     """Protects bit-identical results run to run (no atomics): every output of two runs is
-    bitwise equal, with several programs writing partial rows of dw and db (16 "SMs": four
-    row chunks on the long path)."""
-    monkeypatch.setattr(kernels, "_sm_count", lambda device: 16)
-    case = make_case(name, 200 if path == SHORT_D else 12, path, "bfloat16")
+    bitwise equal, with several programs writing partial rows of dw and db (16 "SMs": three
+    tiles of short rows, the last ragged; four chunks of two rows on the long path)."""
+    case = make_case(name, 130 if path == SHORT_D else 8, path, "bfloat16")
     (first, m1, r1), (second, m2, r2) = case.run(), case.run()
+    assert len(partial_rows) == 2 and min(partial_rows) > 1, partial_rows
     assert torch.equal(m1, m2) and torch.equal(r1, r2)
     for k in first:
         assert torch.equal(first[k], second[k]), k
@@ -371,9 +379,9 @@ def test_deterministic(name, path, monkeypatch):
 
 @pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
 def test_statistics(name, path):
-    """Protects the saved statistics: float32 for half and float32 data (also bfloat16 x on a
-    float32 residual stream), float64 for float64 h; the mean (zeros for RMSNorm) and rstd
-    close to the float64 ones."""
+    """Protects the statistics the forward saves: float32 for bfloat16 data, float64 for a
+    float64 h (float64 data, or bfloat16 x on a float64 residual stream); the mean (zeros for
+    RMSNorm) and rstd close to the float64 ones."""
     n = NORMS[name]
     for dtype, h_dtype, sdt in (("bfloat16", None, torch.float32),
                                 ("bfloat16", "float64", torch.float64),
@@ -381,9 +389,10 @@ def test_statistics(name, path):
         if h_dtype and not n.residual:
             continue
         case = make_case(name, 6, path, dtype, h_dtype=h_dtype)
-        got, mean, rstd = case.run()
+        _, h, mean, rstd = kernels.forward(case.x, case.residual, case.weight, case.bias,
+                                           case.eps, centred=n.centred, h_dtype=case.h_dtype)
         assert mean.dtype == rstd.dtype == sdt
-        xn = (got["h"] if n.residual else case.x).double().cpu().numpy()
+        xn = (h if n.residual else case.x).double().cpu().numpy()
         want_mean = xn.mean(1) if n.centred else np.zeros(6)
         ms = ((xn - want_mean[:, None]) ** 2).mean(1)
         # Not table entries: the table bounds results, not the saved statistics; these are

@@ -273,18 +273,19 @@ def test_zero_centered_gamma(name, dtype, param_dtype):
     assert 2 in saves.keep.tolist() and 0 not in saves.keep.tolist()
 
 
-@pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
-def test_add_norm_dtypes(name, path):
-    """Protects the add-norms' dtypes: bfloat16 x (and y) on a float32 residual stream computes
-    in float32 (T from kept) with dx in bfloat16 and dresidual in float32; bfloat16 x with a
-    float64 h computes in float64 (T float64: the add in float64, so dresidual = dx + dh is
-    not rounded to float32 first)."""
-    for h_dtype in ("float32", "float64"):
-        case = _some_kept(make_case(name, 6, path, "bfloat16", residual_dtype="float32",
-                                    h_dtype=h_dtype))
-        got, saves = assert_matches_reference(case)
-        assert saves.kept.dtype == saves.rstd.dtype == getattr(torch, h_dtype)
-        assert got["dx"].dtype == torch.bfloat16 and got["dresidual"].dtype == torch.float32
+@pytest.mark.parametrize("name, path, h_dtype", pairwise(
+    ["add_layer_norm", "add_rms_norm"], PATHS, ["float32", "float64"]), indirect=["path"])
+def test_add_norm_dtypes(name, path, h_dtype):
+    """Protects the add-norms' dtypes, each h dtype on both paths: bfloat16 x (and y) on a
+    float32 residual stream computes in float32 (T from kept) with dx in bfloat16 and dresidual
+    in float32; bfloat16 x with a float64 h computes in float64 (T float64: the add in float64,
+    so dresidual = dx + dh is not rounded to float32 first); within the table of the
+    reference's."""
+    case = _some_kept(make_case(name, 6, path, "bfloat16", residual_dtype="float32",
+                                h_dtype=h_dtype))
+    got, saves = assert_matches_reference(case)
+    assert saves.kept.dtype == saves.rstd.dtype == getattr(torch, h_dtype)
+    assert got["dx"].dtype == torch.bfloat16 and got["dresidual"].dtype == torch.float32
 
 
 # --- the recovery's hard cases ----------------------------------------------------------------
@@ -339,74 +340,74 @@ def test_every_channel_kept(name, dtype, path):
     assert saves.keep.tolist() == list(range(path))
 
 
-@pytest.mark.parametrize("name, dtype, path", pairwise(list(NORMS), DTYPE_NAMES, PATHS),
-                         indirect=["path"])
-def test_nothing_kept(name, dtype, path):
-    """Protects k = 0 (weights at their initial values, weight = 1 and bias = 0; and no
-    parameters): xhat recovered on every channel, kept an (M, 0) tensor, no map; and the
-    result is close to the default backward's (which rebuilds xhat from xn)."""
-    for affine in ("both", "none"):
-        case = make_case(name, 6, path, dtype, affine=affine)
-        if case.weight is not None:
-            case.weight.fill_(1.0)
-        if case.bias is not None:
-            case.bias.fill_(0.0)
-        got, saves = assert_matches_reference(case)
-        assert saves.keep.numel() == 0 and saves.kept.shape == (6, 0)
-        y, h, mean, rstd = kernels.forward(case.x, case.residual, case.weight, case.bias,
-                                           case.eps, centred=case.norm.centred)
-        n = case.norm
-        default = kernels.backward(case.dy, case.dh, h if n.residual else case.x, case.weight,
-                                   case.bias, mean, rstd, centred=n.centred,
-                                   x_dtype=case.x.dtype,
-                                   residual_dtype=case.residual.dtype if n.residual else None)
-        size = float(default[0].double().abs().max())
-        tol = tolerances.tolerance(coarser(dtype, compute_name(rstd.dtype)), "out")
-        # both within the table of the truth, so within twice it of each other, plus y's own
-        # rounding carried into xhat (u * |xhat|, |xhat| <= sqrt(D))
-        u = 2.0 ** -(1 + {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}[dtype])
-        diff = float((got["dx"].double() - default[0].double()).abs().max())
-        assert diff <= (2 * tol.atol + 2 * tol.rtol + 4 * u * path**0.5) * size, (diff, size)
+@pytest.mark.parametrize("name, dtype, path, affine", pairwise(
+    list(NORMS), DTYPE_NAMES, PATHS, ["both", "none"]), indirect=["path"])
+def test_nothing_kept(name, dtype, path, affine):
+    """Protects k = 0 (weights at their initial values, weight = 1 and bias = 0; or no
+    parameters), each way in every dtype, on both paths: xhat recovered on every channel, kept
+    an (M, 0) tensor, no map; and the result is close to the default backward's (which
+    rebuilds xhat from xn)."""
+    case = make_case(name, 6, path, dtype, affine=affine)
+    if case.weight is not None:
+        case.weight.fill_(1.0)
+    if case.bias is not None:
+        case.bias.fill_(0.0)
+    got, saves = assert_matches_reference(case)
+    assert saves.keep.numel() == 0 and saves.kept.shape == (6, 0)
+    y, h, mean, rstd = kernels.forward(case.x, case.residual, case.weight, case.bias,
+                                       case.eps, centred=case.norm.centred)
+    n = case.norm
+    default = kernels.backward(case.dy, case.dh, h if n.residual else case.x, case.weight,
+                               case.bias, mean, rstd, centred=n.centred,
+                               x_dtype=case.x.dtype,
+                               residual_dtype=case.residual.dtype if n.residual else None)
+    size = float(default[0].double().abs().max())
+    tol = tolerances.tolerance(coarser(dtype, compute_name(rstd.dtype)), "out")
+    # both within the table of the truth, so within twice it of each other, plus y's own
+    # rounding carried into xhat (u * |xhat|, |xhat| <= sqrt(D))
+    u = 2.0 ** -(1 + {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}[dtype])
+    diff = float((got["dx"].double() - default[0].double()).abs().max())
+    assert diff <= (2 * tol.atol + 2 * tol.rtol + 4 * u * path**0.5) * size, (diff, size)
 
 
 # --- rows the forward rescaled, constant rows --------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, dtype, long", pairwise(
+    list(NORMS), ["float32", "float64"], [False, True]))
 @OVERFLOW_IS_AN_ANSWER
-def test_rescaled_rows(name, dtype, monkeypatch):
+def test_rescaled_rows(name, dtype, long, monkeypatch):
     """Protects rows whose sums overflow (the forward's rstd negative, the statistics of
     xn * s): given rstd with s folded back in (s * |rstd|, what a memory-efficient forward
     keeps), dx matches the reference's row by row; given the forward's marked rstd, which y
     cannot complete, that row's dx is NaN (never a silently wrong value) and the other rows,
-    dw and db are unchanged. Short and long rows."""
-    for long in (False, True):
-        if long:
-            monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 4)
-            monkeypatch.setattr(kernels, "LONG_BLOCK", 4)
-            assert kernels.plan("bwd", 8, wide=True).long
-        case = make_case(name, 5, 8, dtype)
-        rescaled_rows(case)
-        good, saves = assert_matches_reference(case, rows_scaled=True)
-        marked = forward_rstd(case)
-        rescaled = (marked < 0).nonzero().flatten().tolist()
-        assert rescaled == [0, 2, 3]
-        assert torch.equal(saves.rstd[[1, 4]], marked[[1, 4]])  # the others' own rstd
-        bad = run_from_y(case, dataclasses.replace(saves, rstd=marked))
-        for k, v in bad.items():
-            if k in ("dx", "dresidual"):
-                assert torch.isnan(v[rescaled]).all(), k
-                assert torch.equal(v[[1, 4]], good[k][[1, 4]]), k
-            else:
-                assert torch.equal(v, good[k]), k
+    dw and db are unchanged. Short rows, and long ones (D = 8 in blocks of 4), each norm and
+    dtype on both."""
+    if long:
+        monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 4)
+        monkeypatch.setattr(kernels, "LONG_BLOCK", 4)
+    assert kernels.plan("bwd", 8, wide=True).long == long
+    case = make_case(name, 5, 8, dtype)
+    rescaled_rows(case)
+    good, saves = assert_matches_reference(case, rows_scaled=True)
+    marked = forward_rstd(case)
+    rescaled = (marked < 0).nonzero().flatten().tolist()
+    assert rescaled == [0, 2, 3]
+    assert torch.equal(saves.rstd[[1, 4]], marked[[1, 4]])  # the others' own rstd
+    bad = run_from_y(case, dataclasses.replace(saves, rstd=marked))
+    for k, v in bad.items():
+        if k in ("dx", "dresidual"):
+            assert torch.isnan(v[rescaled]).all(), k
+            assert torch.equal(v[[1, 4]], good[k][[1, 4]]), k
+        else:
+            assert torch.equal(v, good[k]), k
 
 
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
 def test_constant_rows(name, path):
-    """Protects constant rows (y = bias, xhat = 0 recovered exactly on channels whose bias is
-    a float32 value: y - shift = 0): dx = rstd * (g - mean(g)) as in the reference, finite,
-    with rstd = 1/sqrt(eps)."""
+    """Protects constant rows, LayerNorm and RMSNorm ones on both paths (y = bias, xhat = 0
+    recovered exactly on channels whose bias is a float32 value: y - shift = 0): dx = rstd *
+    (g - mean(g)) as in the reference, finite, with rstd = 1/sqrt(eps)."""
     case = make_case(name, 5, path, "float32")
     for r, v in ((1, 0.1), (3, -3.3)) if case.norm.centred else ((1, 0.0), (3, 0.0)):
         case.x[r] = v
@@ -470,22 +471,25 @@ def _mixed_precision(dtype: str) -> dict[str, str]:
     return {"residual_dtype": "float32", "h_dtype": "float32", "param_dtype": "float32"}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-def test_nearly_constant_rows_of_an_add_norm(dtype, path, has_rows):
+@pytest.mark.parametrize("dtype, path, whole", pairwise(
+    ["float32", "bfloat16", "float64"], PATHS, ["some", "all"]), indirect=["path"])
+def test_nearly_constant_rows_of_an_add_norm(dtype, path, whole, has_rows):
     """Protects the rows kept whole (recovery's "Rows") on an add-norm's nearly constant rows
     (var < eps under a non-zero bias): recovery.kept_rows names them, their xhat is read from
     xhat_rows, and every result is within the table of the reference's with the same rows, dx
-    and dresidual row by row. In a batch of such rows alone, dgamma (sums of dy * xhat,
-    xhat ~ 1e-3) is within the table relative to its own terms, sum |dy * xhat|: recovering
-    xhat through the bias would be off by ~1e-3 of that in float32 and float64 alike, and
-    wholly for a bfloat16 y of a float32 stream. Tiles mixing both kinds of rows; short and
-    long rows."""
-    for whole in ([0, 2, 3, 5], list(range(6))):
-        case = _nearly_constant(make_case("add_layer_norm", 6, path, dtype,
-                                          **_mixed_precision(dtype)), whole)
-        got, saves = assert_matches_reference(case, rows_scaled=True)
-        assert saves.rows.tolist() == whole and saves.xhat_rows.shape == (len(whole), path)
-        assert has_rows and all(has_rows)
+    and dresidual row by row. In a batch of such rows alone ("all"), dgamma (sums of dy *
+    xhat, xhat ~ 1e-3) is within the table relative to its own terms, sum |dy * xhat|:
+    recovering xhat through the bias would be off by ~1e-3 of that in float32 and float64
+    alike, and wholly for a bfloat16 y of a float32 stream. Tiles mixing both kinds of rows
+    ("some"); short and long rows."""
+    rows = [0, 2, 3, 5] if whole == "some" else list(range(6))
+    case = _nearly_constant(make_case("add_layer_norm", 6, path, dtype,
+                                      **_mixed_precision(dtype)), rows)
+    got, saves = assert_matches_reference(case, rows_scaled=True)
+    assert saves.rows.tolist() == rows and saves.xhat_rows.shape == (len(rows), path)
+    assert has_rows and all(has_rows)
+    if whole == "some":
+        return
     want = reference(case, saves)
     xhat = want.norm.xhat().astype(np.float64)
     terms = float((np.abs(want.dy.astype(np.float64) * xhat).sum(0)).max())
@@ -510,25 +514,19 @@ def test_constant_rows_kept_whole(dtype, path):
     assert all(torch.isfinite(v).all() for v in got.values() if v is not None)
 
 
-@pytest.mark.parametrize("name, dtype, path", pairwise(
-    list(NORMS), ["float32", "bfloat16", "float64"], PATHS), indirect=["path"])
+@pytest.mark.parametrize("name, dtype, path", pairwise(list(NORMS), DTYPE_NAMES, PATHS),
+                         indirect=["path"])
 def test_rows_read_whole(name, dtype, path, has_rows):
-    """Protects how a row kept whole is read, whatever the rule chose: its xhat from its own
-    row of xhat_rows on every channel (kept channels included), y unused. Rows 0, 3 and 4 of 6
-    given N(0, 1) values no y gives, through a row stride: dx and dresidual row by row, dw and
-    db within the table of the reference's given the same rows; the other rows' dx and
-    dresidual bit for bit those of the run without rows; a contiguous xhat_rows bit for bit
-    the same."""
+    """Protects how a row kept whole is read, whatever the rule chose, in every dtype on both
+    paths: its xhat from its own row of xhat_rows on every channel (kept channels included), y
+    unused. Rows 0, 3 and 4 of 6 given N(0, 1) values no y gives: dx and dresidual row by row,
+    dw and db within the table of the reference's given the same rows; the other rows' dx and
+    dresidual bit for bit those of the run without rows. (xhat_rows through a row stride:
+    test_row_strides.)"""
     case = _some_kept(make_case(name, 6, path, dtype))
     base = saves_of(case)
     assert base.rows.numel() == 0 and base.keep.numel() > 0
-    g = torch.Generator().manual_seed(5)
-    values = torch.randn((3, path), generator=g, dtype=torch.float64)
-    values = values.to(DEVICE, base.rstd.dtype)
-    rows = torch.tensor([0, 3, 4], device=DEVICE)
-    kept = base.kept.clone()
-    kept[rows] = values[:, base.keep]  # as a forward stores them: the same xhat in both
-    saves = dataclasses.replace(base, kept=kept, rows=rows, xhat_rows=strided(values))
+    saves = _given_rows(base, [0, 3, 4])
     got, _ = assert_matches_reference(case, saves, rows_scaled=True, own_rows=False)
     assert has_rows and all(has_rows)
     plain = run_from_y(case, dataclasses.replace(saves, rows=None, xhat_rows=None))
@@ -536,15 +534,25 @@ def test_rows_read_whole(name, dtype, path, has_rows):
         if k in got:
             assert torch.equal(got[k][[1, 2, 5]], plain[k][[1, 2, 5]]), k
             assert not torch.equal(got[k][[0, 3, 4]], plain[k][[0, 3, 4]]), k
-    contiguous = run_from_y(case, dataclasses.replace(saves, xhat_rows=values))
-    for k in got:
-        assert torch.equal(contiguous[k], got[k]), k
 
 
-@pytest.mark.parametrize("name", list(NORMS))
+def _given_rows(saves: Saves, rows: list[int]) -> Saves:
+    """``saves`` with ``rows`` kept whole: their xhat_rows N(0, 1) values no y gives
+    (contiguous), and their entries of kept the same values, as a forward stores them."""
+    g = torch.Generator().manual_seed(5)
+    values = torch.randn((len(rows), saves.y.shape[1]), generator=g, dtype=torch.float64)
+    values = values.to(DEVICE, saves.rstd.dtype)
+    index = torch.tensor(rows, device=DEVICE)
+    kept = saves.kept.clone()
+    kept[index] = values[:, saves.keep]
+    return dataclasses.replace(saves, kept=kept, rows=index, xhat_rows=values)
+
+
+@pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
 def test_no_rows_kept(name, path, has_rows):
-    """Protects r = 0: rows (0,) and xhat_rows (0, D) give bit for bit the results of rows =
-    xhat_rows = None, every kernel launched with HAS_ROWS False (the code without rows)."""
+    """Protects r = 0, on both paths: rows (0,) and xhat_rows (0, D) give bit for bit the
+    results of rows = xhat_rows = None, every kernel launched with HAS_ROWS False (the code
+    without rows)."""
     case = _some_kept(make_case(name, 6, path, "float32"))
     saves = saves_of(case)
     assert saves.rows.numel() == 0 and saves.xhat_rows.shape == (0, path)
@@ -591,31 +599,35 @@ def test_bad_rows():
 # --- layouts, M = 0, determinism, bad input -----------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(NORMS))
+@pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
 def test_row_strides(name, path):
-    """Protects y, dy, dh and kept read in place through their row strides: bitwise the
-    results of contiguous copies."""
+    """Protects y, dy, dh, kept and xhat_rows read in place through their row strides, on both
+    paths, with and without a residual, without rows kept whole and with rows 0 and 3 of 5:
+    bitwise the results of contiguous copies."""
     case = _some_kept(make_case(name, 5, path, "float32"))
-    saves = saves_of(case)
-    want = run_from_y(case, saves)
-    wide = torch.full((5, saves.kept.shape[1] + 7), float("nan"), dtype=saves.kept.dtype,
-                      device=DEVICE)
-    wide[:, 2:2 + saves.kept.shape[1]] = saves.kept
     laid_out = Case(**{**case.__dict__, "dy": strided(case.dy), "dh": strided(case.dh)})
-    got = run_from_y(laid_out, dataclasses.replace(
-        saves, y=strided(saves.y), kept=wide[:, 2:2 + saves.kept.shape[1]]))
-    for k in want:
-        assert torch.equal(got[k], want[k]), k
+    base = saves_of(case)
+    for saves in (base, _given_rows(base, [0, 3])):
+        want = run_from_y(case, saves)
+        wide = torch.full((5, saves.kept.shape[1] + 7), float("nan"), dtype=saves.kept.dtype,
+                          device=DEVICE)
+        wide[:, 2:2 + saves.kept.shape[1]] = saves.kept
+        got = run_from_y(laid_out, dataclasses.replace(
+            saves, y=strided(saves.y), kept=wide[:, 2:2 + saves.kept.shape[1]],
+            xhat_rows=strided(saves.xhat_rows)))
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
 
 
 @pytest.mark.parametrize("name, path", EACH_NORM_ONE_PATH, indirect=["path"])
-def test_deterministic(name, path, monkeypatch):
+def test_deterministic(name, path, partial_rows):
     """Protects bit-identical results run to run with several programs writing partial rows
-    of dw and db (16 "SMs")."""
-    monkeypatch.setattr(kernels, "_sm_count", lambda device: 16)
-    case = _some_kept(make_case(name, 64 if path == SHORT_D else 12, path, "bfloat16"))
+    of dw and db (16 "SMs": three tiles of short rows, the last ragged; four chunks of two
+    rows on the long path)."""
+    case = _some_kept(make_case(name, 130 if path == SHORT_D else 8, path, "bfloat16"))
     saves = saves_of(case)
     first, second = run_from_y(case, saves), run_from_y(case, saves)
+    assert len(partial_rows) == 2 and min(partial_rows) > 1, partial_rows
     for k in first:
         assert torch.equal(first[k], second[k]), k
 
