@@ -9,24 +9,30 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: report test clean
+.PHONY: report test engine clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(if $(strip $(TORCH)),$(BIN)/pip install -q $(TORCH))
 	$(BIN)/pip install -q -e ".[dev,fast,gpu,torch,peers]"
+	$(MAKE) engine
 	touch $(STAMP)
 
-report: $(STAMP)
+# The C++ CPU engine, built once for this machine's CPU and torch into the package's folder
+# (src/layernorm/torch/_build/); again only when its sources, flags or torch change.
+engine:
+	$(BIN)/python -c "from layernorm.torch import _native; print(_native.build())"
+
+report: $(STAMP) engine
 	$(BIN)/layernorm report
 
 # The tests run in one worker per core (JOBS=0: in this process alone), each test file in one
 # worker, so a file's module fixtures are computed once.
 JOBS ?= auto
 
-test: $(STAMP)
+test: $(STAMP) engine
 	$(BIN)/ruff check src tests tools
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
 clean:
-	rm -rf $(VENV) report .pytest_cache
+	rm -rf $(VENV) report .pytest_cache src/layernorm/torch/_build

@@ -261,14 +261,16 @@ def test_check_is_the_error_over_the_tolerance():
 
 
 def test_yardstick_copies_and_checks_its_arguments():
-    """Protects the bandwidth yardstick: an exact copy of every item size; mismatched or
-    non-contiguous arrays raise."""
+    """Protects the bandwidth yardstick: an exact copy of every item size, of one block, of
+    several with a short last one, and of none; mismatched or non-contiguous arrays raise."""
     yardstick = pytest.importorskip("layernorm.bench.yardstick")
-    for dtype in (np.float16, np.float32, np.float64):
-        src = np.arange(24, dtype=dtype).reshape(2, 3, 4)
-        dst = np.zeros_like(src)
-        yardstick.copy(src, dst)
-        np.testing.assert_array_equal(dst, src)
+    for dtype in (np.int8, np.float16, np.float32, np.float64):
+        for n in (24, 2 * yardstick.BLOCK + 5, 0):
+            src = np.arange(n).astype(dtype).reshape(-1, 1)  # (n, 1)
+            dst = np.zeros_like(src)
+            yardstick.copy(src, dst)
+            np.testing.assert_array_equal(dst, src)
+    src = np.arange(24, dtype=np.float64).reshape(2, 3, 4)
     with pytest.raises(ValueError, match="must match"):
         yardstick.copy(src, np.zeros((4, 5), np.float64))
     with pytest.raises(ValueError, match="C-contiguous"):

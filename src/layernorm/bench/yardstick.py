@@ -1,46 +1,46 @@
-"""The bandwidth yardstick: a copy with Numba's threads, which every timed pass is compared with.
+"""The bandwidth yardstick: a copy on torch's threads, which every timed pass is compared with.
 
 A pass's quality is its GB/s on minimal bytes over the GB/s of this copy of an array of the
 same size, with the same threads, timed in the same rounds (:mod:`layernorm.bench.harness`),
 counting read and write.
 
-The copy is parallel over blocks of BLOCK items of the flattened array, not over rows, so that
-it uses every thread whatever the number of rows (a row-parallel copy of one long row would run
-on one thread). Its stores are ordinary ones, as the kernels' are: each written cache line is
-first read (write-allocate), so copy and kernels pay for their writes alike. The bits move as
-unsigned integers of the item's width, so one compiled kernel serves every dtype of a size.
+The copy is the CPU engine's (``layernorm_cpu::copy_into``, csrc/forward.cpp): parallel over
+blocks of BLOCK items of the flattened array, not over rows, so that it uses every thread
+whatever the number of rows (a row-parallel copy of one long row would run on one thread). Its
+stores are ordinary ones, as the kernels' are: each written cache line is first read
+(write-allocate), so copy and kernels pay for their writes alike (a ``memcpy`` of a large
+block may bypass the cache, which no kernel here does). The bits move as unsigned integers of
+the item's width, so one loop serves every dtype of a size. ``python tools/copy_yardsticks.py``
+times it beside the other copies a machine has (docs/cpu-kernels.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 try:
-    from numba import njit, prange
-except ImportError as exc:  # pragma: no cover - exercised only without numba
+    import torch
+
+    from ..torch import _ops
+except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError(
-        "layernorm.bench.yardstick needs numba: install the `fast` extra from a checkout, "
-        "pip install -e '.[fast]'"
+        "layernorm.bench.yardstick needs torch and the CPU engine: install the `torch` extra "
+        "from a checkout, pip install -e '.[torch]'"
     ) from exc
+if not _ops.NATIVE:  # pragma: no cover - exercised only without a compiler
+    raise ImportError("layernorm.bench.yardstick needs the CPU engine, which is not built here")
 
-__all__ = ["BLOCK", "copy"]
+__all__ = ["BLOCK", "copier", "copy"]
 
-BLOCK = 1 << 14  # items per parallel block: 64 KiB of float32, far above a thread's start-up
-
-
-@njit(parallel=True, cache=True)
-def _copy_kernel(src, dst):
-    """dst[:] = src[:] for 1-D arrays of n items, in ceil(n / BLOCK) blocks over the threads."""
-    n = src.shape[0]
-    for b in prange((n + BLOCK - 1) // BLOCK):
-        s = src[b * BLOCK:min((b + 1) * BLOCK, n)]  # (BLOCK,) or the shorter last block
-        d = dst[b * BLOCK:min((b + 1) * BLOCK, n)]
-        for j in range(s.shape[0]):  # from 0: no negative-index check, so LLVM vectorizes it
-            d[j] = s[j]
+BLOCK = 1 << 14  # items per parallel block (engine::kCopyBlock): 64 KiB of float32
 
 
-def copy(src: np.ndarray, dst: np.ndarray) -> None:
-    """dst[...] = src with Numba's threads: the yardstick for memory bandwidth.
+def copier(src: np.ndarray, dst: np.ndarray) -> Callable[[], None]:
+    """A call that does dst[...] = src with torch's threads: the yardstick for memory
+    bandwidth, its arguments checked and wrapped once, so that a timed call is the copy and
+    the operator's dispatch alone.
 
     Args:
         src, dst: C-contiguous arrays of one shape and dtype (any number of axes).
@@ -51,4 +51,12 @@ def copy(src: np.ndarray, dst: np.ndarray) -> None:
     if not (src.flags.c_contiguous and dst.flags.c_contiguous):
         raise ValueError("src and dst must be C-contiguous")
     bits = np.dtype(f"u{src.itemsize}")
-    _copy_kernel(src.reshape(-1).view(bits), dst.reshape(-1).view(bits))  # (n,)
+    s = torch.from_numpy(src.reshape(-1).view(bits))  # (n,)
+    d = torch.from_numpy(dst.reshape(-1).view(bits))
+    op = torch.ops.layernorm_cpu.copy_into.default
+    return lambda: op(s, d)
+
+
+def copy(src: np.ndarray, dst: np.ndarray) -> None:
+    """dst[...] = src with torch's threads (:func:`copier`)."""
+    copier(src, dst)()

@@ -1,12 +1,14 @@
-"""The C++ operator that runs the ops on CPU tensors: built on first use, cached on disk.
+"""The CPU engine and the operator that runs the ops on CPU tensors: built once per machine.
 
-``csrc/cpu_ops.cpp`` registers the CPU kernels of ``layernorm::fwd``, ``layernorm::bwd``,
-``layernorm::norm``, ``layernorm::fwd_y`` and ``layernorm::bwd_y``. It is compiled with torch's
-``cpp_extension`` (g++ and ninja) the first time ``layernorm.torch`` is imported on a machine
-(about 15 s here) into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``); later imports load it in well under a second. The arithmetic
-stays in the Numba kernels: the operator calls the compiled kernels of
-:mod:`layernorm.cpu.entry` by address.
+``csrc/`` holds the engine (``engine.h``: the kernels of every norm, ``forward.cpp`` and
+``backward.cpp``) and the operator (``cpu_ops.cpp``: checks, outputs, threads, autograd), which
+registers the CPU kernels of ``layernorm::fwd``, ``layernorm::bwd``, ``layernorm::norm``,
+``layernorm::fwd_y`` and ``layernorm::bwd_y`` and the bandwidth yardstick's copy. They are
+compiled with torch's ``cpp_extension`` (g++ and ninja, :data:`FLAGS`) into a folder beside the
+package (:func:`build_directory`), named by a hash of the sources, the flags, torch's version and
+the CPU's instruction set: ``make`` builds it right after installing (:func:`build`); any other
+install builds it at the first import of ``layernorm.torch``, with one line on stderr saying so,
+and later imports load it in well under a second.
 
 Large outputs (1 MiB and more) come from a pool of blocks whose tensors were freed, so that a
 call does not pay the first touch of fresh pages (:func:`layernorm.cpu.memory.pool_cap` caps
@@ -14,58 +16,99 @@ it).
 
 Where it cannot be built (no compiler, no ninja, or ``LAYERNORM_NO_CPP=1``), :func:`load`
 says so in one warning and returns False, and the CPU kernels are registered from Python
-instead (:mod:`._cpu`): the same arithmetic, with more time per call.
+instead (:mod:`._cpu`): the NumPy API's kernels, with more time per call.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import os
+import platform
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
 import torch
 
 from .. import recovery
-from ..cpu import entry, kernels, memory
+from ..cpu import memory
 
 __all__ = ["load"]
 
-SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
-# -fopenmp: at::parallel_for is inlined from torch's headers as an OpenMP region, which without
-# it compiles to a serial loop. No -lgomp: the region runs on the OpenMP runtime torch loaded.
-FLAGS = ("-O2", "-fopenmp")
-
-# kept alive for the life of the process: the C++ operator calls it
-_RESOLVE = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_char_p)
-
-
-def _resolve(request: bytes) -> int:
-    kind = request.decode().split(" ", 1)[0]
-    if kind not in entry.ROLES:  # a kernel this layernorm.cpu does not have: the operator raises
-        warnings.warn(f"layernorm: the CPU kernels have no entry point {kind!r}", RuntimeWarning,
-                      stacklevel=1)
-        return 0
-    try:
-        return entry.resolve(request.decode())
-    except Exception as exc:  # noqa: BLE001 - reported, and the operator raises on 0
-        warnings.warn(f"layernorm: compiling the CPU kernel {request.decode()!r} failed: "
-                      f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=1)
-        return 0
+CSRC = Path(__file__).with_name("csrc")
+# compiled; the headers beside them are hashed too
+SOURCES = ("cpu_ops.cpp", "forward.cpp", "backward.cpp")
+# -O3 -march=native: the fixed-order sums (csrc/element.h) become this CPU's vector registers;
+# -ffp-contract=off: no multiply and add is fused unless the source says so (mul_add); no
+# -ffast-math, which would break the kernels' isfinite tests and flush subnormals in the whole
+# process. -fopenmp: at::parallel_for is inlined from torch's headers as an OpenMP region,
+# which without it compiles to a serial loop; no -lgomp: the region runs on the OpenMP
+# runtime torch loaded.
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp")
+# Where the build lives: beside the package, so that it is built once per install and CPU.
+BUILD_ROOT = Path(__file__).with_name("_build")
+BUILD_SECONDS = 60  # about how long a build takes on 2 cores
 
 
-_callback = _RESOLVE(_resolve)
+def _instruction_set() -> str:
+    """What this CPU can run: its flags line in /proc/cpuinfo (the machine's name elsewhere)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
 
 
 def _name() -> str:
-    """The extension's name: changes with its source and with torch's version, so that an
-    edited source or another torch never loads a stale build."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join([*FLAGS, torch.__version__]).encode()
-                            ).hexdigest()
-    return f"layernorm_cpu_{digest[:12]}"
+    """The engine's name: changes with its sources and flags, torch's version and the CPU's
+    instruction set, so that an edited source, another torch or another CPU never loads a
+    stale build."""
+    h = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        if path.suffix in (".cpp", ".h"):
+            h.update(path.name.encode() + path.read_bytes())
+    h.update(" ".join([*FLAGS, torch.__version__, _instruction_set()]).encode())
+    return f"layernorm_cpu_{h.hexdigest()[:12]}"
+
+
+def build_directory() -> Path:
+    """The folder of this machine's build: in ``LAYERNORM_ENGINE_DIR`` where set, else beside
+    the package, or where that cannot be written, in the user's cache."""
+    name = _name()
+    root = Path(os.environ.get("LAYERNORM_ENGINE_DIR") or BUILD_ROOT)
+    with contextlib.suppress(OSError):
+        root.mkdir(exist_ok=True)
+    if not os.access(root, os.W_OK):
+        root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "layernorm"
+    path = root / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build() -> Path:
+    """Build the engine for this machine unless it is built; the path of its library."""
+    folder = build_directory()
+    library = folder / f"{folder.name}.so"
+    if library.exists():
+        return library
+    if shutil.which("ninja") is None:  # the ninja wheel's binary, where the venv is not on PATH
+        with contextlib.suppress(ImportError):
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    from torch.utils import cpp_extension
+
+    print(f"layernorm: building the CPU engine for this machine, once (about {BUILD_SECONDS} s)"
+          f" into {folder}", file=sys.stderr, flush=True)
+    cpp_extension.load(name=folder.name, sources=[str(CSRC / s) for s in SOURCES],
+                       extra_cflags=list(FLAGS), build_directory=str(folder),
+                       is_python_module=False, verbose=False)
+    for old in folder.parent.glob("layernorm_cpu_*"):  # builds of earlier sources
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+    return library
 
 
 def load() -> bool:
@@ -73,26 +116,16 @@ def load() -> bool:
     True on success. On failure, one warning says why and False is returned."""
     if os.environ.get("LAYERNORM_NO_CPP") == "1":
         return False
-    if shutil.which("ninja") is None:  # the ninja wheel's binary, where the venv is not on PATH
-        with contextlib.suppress(ImportError):
-            import ninja
-
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     try:
-        from torch.utils import cpp_extension
-
-        cpp_extension.load(name=_name(), sources=[str(SOURCE)], extra_cflags=list(FLAGS),
-                           is_python_module=False, verbose=False)
+        library = build()
+        if not hasattr(torch.ops.layernorm_cpu, "copy_into"):
+            torch.ops.load_library(str(library))
     except Exception as exc:  # noqa: BLE001 - any failure to build means: fall back
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         warnings.warn(f"layernorm.torch: the C++ CPU operator could not be built ({why}); "
                       f"CPU tensors use the Python path, which costs more per call",
                       RuntimeWarning, stacklevel=2)
         return False
-    address = ctypes.cast(_callback, ctypes.c_void_p).value
-    torch.ops.layernorm_cpu._setup(address, entry.OPENMP_SERIAL_ELEMENTS,
-                                   kernels.ROWS_PER_CHUNK, kernels.MAX_CHUNKS, kernels.NSTATS,
-                                   kernels.CENTRED, kernels.ZERO_CENTERED, memory.CAP_BYTES,
-                                   recovery.MARGIN, kernels.HI, kernels.LO, kernels.RSTD,
-                                   kernels.SCALE)
+    torch.ops.layernorm_cpu._setup(memory.CAP_BYTES, recovery.MARGIN)
     return True
+

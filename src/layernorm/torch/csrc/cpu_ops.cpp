@@ -1,12 +1,11 @@
 // The CPU kernels of the ops layernorm::fwd, layernorm::bwd and layernorm::norm, and of the
 // memory-efficient pair layernorm::fwd_y and layernorm::bwd_y.
 //
-// The arithmetic is the project's Numba kernels (layernorm/cpu/kernels.py) compiled as C
-// functions (layernorm/cpu/entry.py), the same machine code the NumPy API runs. This file
-// checks, allocates, and splits rows over torch's own threads with at::parallel_for: a call
-// costs about what one of torch's own operators does, follows torch.set_num_threads, runs
-// small work on the calling thread, and survives fork as torch's operators do. Python hands
-// over the address of each compiled kernel on the first call with its dtypes (_setup).
+// The arithmetic is the CPU engine's (engine.h: forward.cpp, backward.cpp). This file checks,
+// allocates, converts the parameters to the compute dtype, and splits rows over torch's own
+// threads with at::parallel_for: a call costs about what one of torch's own operators does,
+// follows torch.set_num_threads, runs small work on the calling thread, and survives fork as
+// torch's operators do. Python sets the output pool's cap and the recovery's margin (_setup).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -17,6 +16,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -31,109 +31,23 @@
 #include <utility>
 #include <vector>
 
+#include "engine.h"
+
 namespace {
+
+namespace engine = layernorm::engine;
 
 using at::ScalarType;
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-// The C types of the entry points (every argument a pointer, an int64 or a double).
-using ForwardFn = void (*)(const void* x, const void* r, void* h, void* y, const void* a,
-                           const void* t, const void* gamma, const void* beta, double eps,
-                           int64_t flags, double* stats, uint64_t* check, int64_t m, int64_t d,
-                           int64_t dr, int64_t dg, int64_t db, int64_t ms, int64_t mc,
-                           int64_t i0, int64_t i1);
-using BackwardFn = void (*)(const void* x, const void* dy, const void* dh, void* dx, void* dr,
-                            const void* a, const void* scale, const double* stats,
-                            const uint64_t* check, int64_t flags, double* partial, bool* ok,
-                            int64_t m, int64_t d, int64_t dhc, int64_t drc, int64_t mc,
-                            int64_t c, int64_t c0, int64_t c1);
-// The memory-efficient backward: xhat recovered from y as (y - shift) / scale, except on the
-// k channels `keep` names, read from `kept` (m, k), and on the r rows `rows` names, read whole
-// from `xrows` (r, d); scale and shift (d,) in T.
-using BackwardYFn = void (*)(const void* y, const void* dy, const void* dh, void* dx, void* dr,
-                             const void* a, const void* scale, const void* shift,
-                             const int64_t* keep, const void* kept, const int64_t* rows,
-                             const void* xrows, const double* stats, int64_t flags,
-                             double* partial, int64_t m, int64_t d, int64_t dhc, int64_t drc,
-                             int64_t k, int64_t r, int64_t c, int64_t c0, int64_t c1);
-using ReduceFn = void (*)(const double* partial, double* out, int64_t c, int64_t d);
-using ResolveFn = int64_t (*)(const char* request);
+// Work below this many elements runs on the calling thread: torch's threads wake in a few
+// microseconds, a row of 4096 float32 is about half a microsecond of arithmetic (eight such
+// rows took 8.5 us on 2 threads against 9.8 us on one).
+constexpr int64_t kSerialElements = int64_t(1) << 14;
 
-// Set by _setup from layernorm.cpu (entry.OPENMP_SERIAL_ELEMENTS, kernels.ROWS_PER_CHUNK,
-// kernels.MAX_CHUNKS, kernels.NSTATS, kernels.CENTRED, kernels.ZERO_CENTERED, the statistics'
-// columns kernels.HI, LO, RSTD, SCALE) and layernorm.recovery.MARGIN; the pool's cap below.
-struct Config {
-  ResolveFn resolve = nullptr;
-  int64_t serial_elements = 1;
-  int64_t rows_per_chunk = 1;
-  int64_t max_chunks = 1;
-  int64_t nstats = 1;
-  int64_t centred = 1;
-  int64_t zero_centered = 1;
-  double margin = 4.0;
-  int64_t hi = 0, lo = 1, rstd = 2, scale = 3;
-};
-Config g_config;
-std::mutex g_mutex;
-std::unordered_map<int64_t, void*> g_kernels;  // by code(): found without forming the request
-
-
-
-const char* name(ScalarType t) {
-  switch (t) {
-    case ScalarType::Float: return "float32";
-    case ScalarType::Double: return "float64";
-    case ScalarType::Half: return "float16";
-    case ScalarType::BFloat16: return "bfloat16";
-    default: TORCH_CHECK_TYPE(false, "layernorm: no CPU kernel for dtype ", t);
-  }
-}
-
-// A kernel's roles, in the order the request names them; kNone for an absent tensor.
-constexpr ScalarType kNone = ScalarType::Undefined;
-
-// One integer per (kind, dtype of each role): the cache's key. A kind is told by its first
-// letter and its length ("backward" and "backward_y" share the letter).
-int64_t code(const char* kind, std::initializer_list<ScalarType> dtypes) {
-  int64_t c = static_cast<int64_t>(kind[0]) + 256 * static_cast<int64_t>(std::strlen(kind));
-  for (ScalarType t : dtypes) c = c * 64 + static_cast<int64_t>(t) + 1;
-  return c;
-}
-
-// The compiled kernel of `kind` ("forward", "backward", "backward_y" or "reduce") for the
-// dtypes of its roles. Python compiles it on first use; the lock is not held while Python runs
-// (Python holds the GIL and may be waiting for this lock on another thread).
-void* kernel(const char* kind, std::initializer_list<const char*> roles,
-             std::initializer_list<ScalarType> dtypes) {
-  const int64_t key = code(kind, dtypes);
-  ResolveFn resolve;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    auto it = g_kernels.find(key);
-    if (it != g_kernels.end()) return it->second;
-    resolve = g_config.resolve;
-  }
-  std::string request = kind;
-  auto role = roles.begin();
-  for (ScalarType t : dtypes) {
-    request += std::string(" ") + *role++ + "=" + (t == kNone ? "none" : name(t));
-  }
-  TORCH_CHECK(resolve != nullptr, "layernorm: the CPU operator was loaded without its kernels");
-  void* fn = reinterpret_cast<void*>(resolve(request.c_str()));
-  TORCH_CHECK(fn != nullptr, "layernorm: no CPU kernel could be compiled for '", request,
-              "' (the error is printed above)");
-  std::lock_guard<std::mutex> lock(g_mutex);
-  g_kernels.emplace(key, fn);
-  return fn;
-}
-
-// Row chunks of the backward's dgamma/dbeta partials: layernorm.cpu.kernels.n_chunks.
-int64_t n_chunks(int64_t m) {
-  int64_t c = 1;
-  while (c * 2 <= g_config.max_chunks && c * 2 * g_config.rows_per_chunk <= m) c *= 2;
-  return c;
-}
+// The recovery rule's margin (layernorm.recovery.MARGIN), set by _setup.
+double g_margin = 4.0;
 
 // Where the kernels compute: float64 for float64, else float32.
 ScalarType compute(ScalarType t) {
@@ -154,6 +68,24 @@ Tensor scale_of(const OptTensor& p, int64_t d, ScalarType cdt, bool plus_one) {
   if (p->scalar_type() == cdt && !plus_one && p->is_contiguous()) return *p;
   Tensor s = p->to(cdt, /*non_blocking=*/false, /*copy=*/true).contiguous();
   return plus_one ? s.add_(1) : s;
+}
+
+// (D,) the shift in the compute dtype: the bias itself where it already is one, else a new
+// tensor (zeros without a bias).
+Tensor shift_of(const OptTensor& p, int64_t d, ScalarType cdt) {
+  if (!p.has_value()) return at::zeros({d}, at::dtype(cdt));
+  if (p->scalar_type() == cdt && p->is_contiguous()) return *p;
+  return p->to(cdt, /*non_blocking=*/false, /*copy=*/true).contiguous();
+}
+
+engine::Dtype dtype_of(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return engine::Dtype::f32;
+    case ScalarType::Double: return engine::Dtype::f64;
+    case ScalarType::Half: return engine::Dtype::f16;
+    case ScalarType::BFloat16: return engine::Dtype::bf16;
+    default: TORCH_CHECK_TYPE(false, "layernorm: no CPU kernel for dtype ", t);
+  }
 }
 
 Tensor in_dtype(const Tensor& t, ScalarType cdt) {
@@ -213,16 +145,8 @@ Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {
   return at::from_blob(take(n), sizes, [n](void* p) { give_back(p, n); }, options);
 }
 
-void setup(int64_t resolve, int64_t serial_elements, int64_t rows_per_chunk,
-           int64_t max_chunks, int64_t nstats, int64_t centred, int64_t zero_centered,
-           int64_t pool_bytes, double margin, int64_t hi, int64_t lo, int64_t rstd,
-           int64_t scale) {
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    g_config = {reinterpret_cast<ResolveFn>(resolve), serial_elements, rows_per_chunk,
-                max_chunks, nstats, centred, zero_centered, margin, hi, lo, rstd, scale};
-    g_kernels.clear();
-  }
+void setup(int64_t pool_bytes, double margin) {
+  g_margin = margin;
   std::lock_guard<std::mutex> lock(g_pool_mutex);
   g_pool_cap = static_cast<size_t>(std::max<int64_t>(pool_bytes, 0));
   while (g_pool_bytes > g_pool_cap) {  // a smaller cap frees what no longer fits
@@ -241,7 +165,6 @@ int64_t pool_bytes() {
 
 // A mutex held by another thread at fork stays held in the child: the child starts afresh.
 void reset_after_fork() {
-  new (&g_mutex) std::mutex();
   new (&g_pool_mutex) std::mutex();
 }
 const int g_atfork = pthread_atfork(nullptr, nullptr, reset_after_fork);
@@ -267,7 +190,7 @@ void check_like(const Tensor& t, const Tensor& like, const char* name, const cha
 
 // Rows per task: a task smaller than this is not worth waking a thread for.
 int64_t grain(int64_t d) {
-  return std::max<int64_t>(1, (g_config.serial_elements + d - 1) / std::max<int64_t>(d, 1));
+  return std::max<int64_t>(1, (kSerialElements + d - 1) / std::max<int64_t>(d, 1));
 }
 
 // The checks both backwards make of the rows they read (xn, or y in the memory-efficient
@@ -286,9 +209,9 @@ int64_t check_backward(const Tensor& dy, const OptTensor& dh, const Tensor& src,
   check_param(bias, d, "bias");
   check_cpu(stats0, "stats0");
   TORCH_CHECK_VALUE(stats0.dim() == 2 && stats0.size(0) == m &&
-                        stats0.size(1) == g_config.nstats &&
+                        stats0.size(1) == engine::kStats &&
                         stats0.scalar_type() == ScalarType::Double,
-                    "layernorm: stats0 must be the forward's (M, ", g_config.nstats,
+                    "layernorm: stats0 must be the forward's (M, ", engine::kStats,
                     ") float64 statistics for M = ", m, ", got ", stats0.sizes(), " ",
                     stats0.scalar_type());
   return d;
@@ -314,37 +237,34 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
   const Tensor xc = x.contiguous();
   Tensor y = output(x.sizes(), x.options());
   Tensor rc, h;
-  ScalarType adt = cdt;
   if (add) {
     rc = residual->contiguous();
     h = output(x.sizes(), x.options().dtype(hdt));
-    adt = widest(xdt, rc.scalar_type(), hdt);
   } else {
     h = at::empty({0}, x.options());
   }
-  // the kernel reads gamma and beta as they are stored (converted once per call, in it)
-  const Tensor gamma = weight.has_value() ? weight->contiguous() : Tensor();
-  const Tensor beta = bias.has_value() ? bias->contiguous() : Tensor();
-  Tensor stats = at::empty({keep ? m : 0, g_config.nstats}, x.options().dtype(at::kDouble));
-  auto fn = reinterpret_cast<ForwardFn>(
-      kernel("forward", {"x", "r", "h", "t", "a", "g", "b"},
-             {xdt, add ? rc.scalar_type() : kNone, add ? hdt : kNone, cdt, adt,
-              gamma.defined() ? gamma.scalar_type() : kNone,
-              beta.defined() ? beta.scalar_type() : kNone}));
+  Tensor stats = at::empty({keep ? m : 0, engine::kStats}, x.options().dtype(at::kDouble));
   if (m == 0) return {y, h, stats};
-  const void* xp = xc.const_data_ptr();
-  const void* rp = add ? rc.const_data_ptr() : nullptr;
-  void* hp = add ? h.mutable_data_ptr() : nullptr;
-  void* yp = y.mutable_data_ptr();
-  const void* gp = gamma.defined() ? gamma.const_data_ptr() : nullptr;
-  const void* bp = beta.defined() ? beta.const_data_ptr() : nullptr;
-  double* stp = keep ? stats.mutable_data_ptr<double>() : nullptr;
-  const int64_t flags = (centred ? g_config.centred : 0) |
-                        (zero_centered_gamma && gamma.defined() ? g_config.zero_centered : 0);
-  at::parallel_for(0, m, grain(d), [&](int64_t i0, int64_t i1) {
-    fn(xp, rp, hp, yp, nullptr, nullptr, gp, bp, eps, flags, stp, nullptr, m, d,
-       add ? d : 0, gamma.defined() ? d : 0, beta.defined() ? d : 0, keep ? m : 0, 0, i0, i1);
-  });
+  // the parameters in the compute dtype, once a call (no copy where they already are)
+  const Tensor scale = scale_of(weight, d, cdt, zero_centered_gamma);
+  const Tensor shift = shift_of(bias, d, cdt);
+  const engine::Forward a{xc.const_data_ptr(),
+                          add ? rc.const_data_ptr() : nullptr,
+                          add ? h.mutable_data_ptr() : nullptr,
+                          y.mutable_data_ptr(),
+                          scale.const_data_ptr(),
+                          shift.const_data_ptr(),
+                          eps,
+                          centred,
+                          keep ? stats.mutable_data_ptr<double>() : nullptr,
+                          nullptr,
+                          m,
+                          d,
+                          dtype_of(xdt),
+                          add ? dtype_of(rc.scalar_type()) : engine::Dtype::none,
+                          add ? dtype_of(hdt) : engine::Dtype::none};
+  at::parallel_for(0, m, grain(d),
+                   [&](int64_t i0, int64_t i1) { engine::forward_rows(a, i0, i1); });
   return {y, h, stats};
 }
 
@@ -367,29 +287,18 @@ std::tuple<Tensor, Tensor> norm_cpu(const Tensor& x, const OptTensor& residual,
   return {y, h};
 }
 
-// What the two backwards' kernels share, for one call on row chunks [c0, c1): dy and dh in
-// their compute dtypes, dx and dresidual, the float64 partials (c, 2, D), and the sizes.
-struct Chunks {
-  const void* dy;
-  const void* dh;
-  void* dx;
-  void* dr;
-  double* partial;
-  int64_t m, d, dhc, drc, c;
-};
-
 // The two backwards after their own checks: dx (and dresidual, when residual_dtype is given)
-// allocated, dy and dh in their compute dtypes, the kernel `kind` (whose first storage, role
-// `src_role`, is src's dtype) run by `call(kernel, chunks, c0, c1)` on the row chunks over the
-// threads, the partials reduced in chunk order, and dweight, dbias in the parameters' dtypes.
-// d: the row length (check_backward's).
-template <typename Call>
+// allocated, dy and dh in their compute dtypes, the engine's backward over the row chunks on
+// torch's threads (src is xn, or y with `recovery`), the partials reduced in chunk order, and
+// dweight, dbias in the parameters' dtypes. d: the row length (check_backward's).
 std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(
-    const Tensor& src, const char* src_role, int64_t d, const Tensor& dy, const OptTensor& dh,
-    const OptTensor& weight, const OptTensor& bias, ScalarType cdt, ScalarType dxdt,
-    std::optional<ScalarType> residual_dtype, const char* kind, const Call& call) {
+    const Tensor& src, int64_t d, const Tensor& dy, const OptTensor& dh, const Tensor& scale,
+    const Tensor& stats, const OptTensor& weight, const OptTensor& bias, bool centred,
+    ScalarType cdt, ScalarType dxdt, std::optional<ScalarType> residual_dtype,
+    const engine::Recovery* recovery) {
   const int64_t m = src.numel() / d;
   const bool add = residual_dtype.has_value();
+  const Tensor srcc = src.contiguous();
   const Tensor dyc = in_dtype(dy, cdt);
   Tensor dx = output(src.sizes(), src.options().dtype(dxdt));
   Tensor dres = at::empty({0}, src.options());
@@ -399,23 +308,39 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(
   if (add) dres = output(src.sizes(), src.options().dtype(*residual_dtype));
   const bool with_dh = dh.has_value();
   const Tensor dhc = with_dh ? in_dtype(*dh, adt) : Tensor();
-  const int64_t c = n_chunks(m);
+  const int64_t c = engine::n_chunks(m);
   Tensor partial = at::empty({c, 2, d}, src.options().dtype(at::kDouble));
-  void* fn = kernel(kind, {src_role, "dy", "dh", "dx", "dr", "t", "a"},
-                    {src.scalar_type(), dyc.scalar_type(), with_dh ? dhc.scalar_type() : kNone,
-                     dxdt, add ? *residual_dtype : kNone, cdt, adt});
-  auto reduce = reinterpret_cast<ReduceFn>(kernel("reduce", {}, {}));
   Tensor sums = at::zeros({2, d}, src.options().dtype(at::kDouble));
   if (m > 0) {
-    const Chunks chunks{dyc.const_data_ptr(), with_dh ? dhc.const_data_ptr() : nullptr,
-                        dx.mutable_data_ptr(), add ? dres.mutable_data_ptr() : nullptr,
-                        partial.mutable_data_ptr<double>(), m, d, with_dh ? d : 0,
-                        add ? d : 0, c};
+    const engine::Backward a{srcc.const_data_ptr(),
+                             dyc.const_data_ptr(),
+                             with_dh ? dhc.const_data_ptr() : nullptr,
+                             dx.mutable_data_ptr(),
+                             add ? dres.mutable_data_ptr() : nullptr,
+                             scale.const_data_ptr(),
+                             stats.const_data_ptr<double>(),
+                             nullptr,
+                             nullptr,
+                             partial.mutable_data_ptr<double>(),
+                             recovery,
+                             centred,
+                             m,
+                             d,
+                             dtype_of(srcc.scalar_type()),
+                             dtype_of(dyc.scalar_type()),
+                             with_dh ? dtype_of(dhc.scalar_type()) : engine::Dtype::none,
+                             dtype_of(dxdt),
+                             add ? dtype_of(*residual_dtype) : engine::Dtype::none,
+                             dtype_of(cdt)};
     // one chunk a task; all on the calling thread when the call is small
-    const int64_t chunk_grain = m * d < g_config.serial_elements ? c : 1;
-    at::parallel_for(0, c, chunk_grain,
-                     [&](int64_t c0, int64_t c1) { call(fn, chunks, c0, c1); });
-    reduce(chunks.partial, sums.mutable_data_ptr<double>(), c, d);
+    const int64_t chunk_grain = m * d < kSerialElements ? c : 1;
+    std::atomic<bool> ran{true};
+    at::parallel_for(0, c, chunk_grain, [&](int64_t c0, int64_t c1) {
+      if (!engine::backward_chunks(a, c0, c1)) ran = false;
+    });
+    TORCH_CHECK(ran, "layernorm: no CPU kernel for ", srcc.scalar_type(), " rows with dy ",
+                dyc.scalar_type(), " computing in ", cdt);
+    engine::reduce_chunks(a.partial, sums.mutable_data_ptr<double>(), c, d);
   }
   // copies: a custom op's outputs never share memory
   Tensor dw = weight.has_value() ? sums[0].to(weight->scalar_type(), false, true)
@@ -432,20 +357,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
     std::optional<ScalarType> residual_dtype) {
   const int64_t d = check_backward(dy, dh, xn, "xn", weight, bias, stats0);
   const ScalarType ndt = xn.scalar_type();
-  const Tensor xc = xn.contiguous();
-  const Tensor stats = stats0.contiguous();
   const ScalarType cdt = compute(ndt);
   const Tensor scale = scale_of(weight, d, cdt, zero_centered_gamma);
-  const void* xp = xc.const_data_ptr();
-  const void* sp = scale.const_data_ptr();
-  const double* stp = stats.const_data_ptr<double>();
-  const int64_t flags = centred ? g_config.centred : 0;
-  return run_backward(xn, "x", d, dy, dh, weight, bias, cdt, x_dtype.value_or(ndt),
-                      residual_dtype, "backward", [&](void* kernel_fn, const Chunks& a, int64_t c0, int64_t c1) {
-                        reinterpret_cast<BackwardFn>(kernel_fn)(
-                            xp, a.dy, a.dh, a.dx, a.dr, nullptr, sp, stp, nullptr, flags,
-                            a.partial, nullptr, a.m, a.d, a.dhc, a.drc, 0, a.c, c0, c1);
-                      });
+  return run_backward(xn, d, dy, dh, scale, stats0.contiguous(), weight, bias, centred, cdt,
+                      x_dtype.value_or(ndt), residual_dtype, nullptr);
 }
 
 // --- the memory-efficient pair -----------------------------------------------------------
@@ -483,7 +398,7 @@ std::pair<Tensor, bool> keep_of(const OptTensor& weight, const OptTensor& bias,
                                 int64_t d, const at::TensorOptions& options) {
   const auto [tiny, largest] = limits(ydt);
   const double root = std::sqrt(static_cast<double>(d));
-  const double margin = g_config.margin;
+  const double margin = g_margin;
   auto recovered = [&](double s, double b) {
     return margin * s >= b + tiny && s * root + b <= largest / 2;  // NaN: false, kept
   };
@@ -527,11 +442,11 @@ std::pair<Tensor, bool> keep_of(const OptTensor& weight, const OptTensor& bias,
 // rows (r,) int64, ascending: the rows of the statistics (M, NSTATS) with rstd^2 eps > 1/2,
 // rstd = RSTD SCALE, in double (layernorm.recovery.kept_rows; the caller checks the shift).
 Tensor rows_of(const Tensor& stats, double eps, const at::TensorOptions& options) {
-  const int64_t m = stats.size(0), ns = g_config.nstats;
+  const int64_t m = stats.size(0), ns = engine::kStats;
   const double* st = stats.const_data_ptr<double>();
   std::vector<int64_t> rows;
   for (int64_t i = 0; i < m; ++i) {
-    const double r = st[i * ns + g_config.rstd] * st[i * ns + g_config.scale];
+    const double r = st[i * ns + engine::kRstd] * st[i * ns + engine::kScale];
     if (r * r * eps > 0.5) rows.push_back(i);
   }
   Tensor out = at::empty({static_cast<int64_t>(rows.size())}, options.dtype(at::kLong));
@@ -549,8 +464,8 @@ Tensor xhat_of(const Tensor& xn, const Tensor& stats, const int64_t* rows, int64
   if (n == 0 || c == 0) return out;
   const Tensor xc = xn.contiguous();
   const double* st = stats.const_data_ptr<double>();
-  const int64_t ns = g_config.nstats;
-  const int64_t chi = g_config.hi, clo = g_config.lo, cr = g_config.rstd, cs = g_config.scale;
+  const int64_t ns = engine::kStats;
+  const int64_t chi = engine::kHi, clo = engine::kLo, cr = engine::kRstd, cs = engine::kScale;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "xhat", [&] {
     const scalar_t* xp = xc.const_data_ptr<scalar_t>();
     auto fill = [&](auto* op) {
@@ -658,22 +573,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
   // the kernel reads the shift in T, as the scale (a half bias is widened here)
   const Tensor shift = bias.has_value() ? bias->to(cdt).contiguous()
                                         : at::zeros({d}, y.options().dtype(cdt));
-  const void* yp = yc.const_data_ptr();
-  const void* sp = scale.const_data_ptr();
-  const void* bp = shift.const_data_ptr();
-  const int64_t* kp = k > 0 ? keepc.const_data_ptr<int64_t>() : nullptr;
-  const void* kdp = k > 0 ? keptc.const_data_ptr() : nullptr;
-  const int64_t* rp = r > 0 ? rowsc.const_data_ptr<int64_t>() : nullptr;
-  const void* xrp = r > 0 ? xrowsc.const_data_ptr() : nullptr;
-  const double* stp = stats.const_data_ptr<double>();
-  const int64_t flags = centred ? g_config.centred : 0;
-  return run_backward(y, "y", d, dy, dh, weight, bias, cdt, x_dtype.value_or(y.scalar_type()),
-                      residual_dtype, "backward_y",
-                      [&](void* kernel_fn, const Chunks& a, int64_t c0, int64_t c1) {
-                        reinterpret_cast<BackwardYFn>(kernel_fn)(
-                            yp, a.dy, a.dh, a.dx, a.dr, nullptr, sp, bp, kp, kdp, rp, xrp, stp,
-                            flags, a.partial, a.m, a.d, a.dhc, a.drc, k, r, a.c, c0, c1);
-                      });
+  const engine::Recovery recovery{shift.const_data_ptr(),
+                                  k > 0 ? keepc.const_data_ptr<int64_t>() : nullptr,
+                                  k > 0 ? keptc.const_data_ptr() : nullptr,
+                                  k,
+                                  r > 0 ? rowsc.const_data_ptr<int64_t>() : nullptr,
+                                  r > 0 ? xrowsc.const_data_ptr() : nullptr,
+                                  r};
+  return run_backward(yc, d, dy, dh, scale, stats, weight, bias, centred, cdt,
+                      x_dtype.value_or(y.scalar_type()), residual_dtype, &recovery);
 }
 
 // --- autograd ------------------------------------------------------------------------------
@@ -890,15 +798,32 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_autograd(
   return {out[0], out[1], out[2], out[3]};
 }
 
+// dst = src (C-contiguous, one shape and dtype) over torch's threads, in blocks of
+// engine::kCopyBlock items: the bandwidth yardstick of layernorm.bench.
+void copy_into(const Tensor& src, const Tensor& dst) {
+  check_cpu(src, "src");
+  check_cpu(dst, "dst");
+  TORCH_CHECK_VALUE(src.sizes() == dst.sizes() && src.scalar_type() == dst.scalar_type(),
+                    "layernorm: src and dst must match: ", src.sizes(), " ", src.scalar_type(),
+                    " vs ", dst.sizes(), " ", dst.scalar_type());
+  TORCH_CHECK_VALUE(src.is_contiguous() && dst.is_contiguous(),
+                    "layernorm: src and dst must be C-contiguous");
+  const int64_t n = src.numel(), blocks = (n + engine::kCopyBlock - 1) / engine::kCopyBlock;
+  const void* sp = src.const_data_ptr();
+  void* dp = dst.mutable_data_ptr();
+  const int64_t itemsize = src.element_size();
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    engine::copy_blocks(sp, dp, n, itemsize, b0, b1);
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(layernorm_cpu, m) {
-  m.def("_setup(int resolve, int serial_elements, int rows_per_chunk, int max_chunks, "
-        "int nstats, int centred, int zero_centered, int pool_bytes, float margin, int hi, "
-        "int lo, int rstd, int scale) -> ()",
-        setup);
+  m.def("copy_into(Tensor src, Tensor(a!) dst) -> ()", copy_into);
+  m.def("_setup(int pool_bytes, float margin) -> ()", setup);
   m.def("_pool_bytes() -> int", pool_bytes);
-  m.def("_n_chunks(int m) -> int", n_chunks);
+  m.def("_n_chunks(int m) -> int", engine::n_chunks);
 }
 
 TORCH_LIBRARY_IMPL(layernorm, CPU, m) {

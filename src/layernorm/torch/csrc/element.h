@@ -1,0 +1,234 @@
+// The CPU engine's elements: how each stored dtype is read into its compute dtype and
+// rounded back, the fixed-order sums every row reduction uses, and a row checksum's hash.
+//
+// Storage types are float, double, Half (float16 bits) and BFloat16 (bfloat16 bits); the
+// compute dtype T is double for double and float for the others. Every rounding to a stored
+// dtype is one rounding to nearest even from the value computed, whether that is float or
+// double (a double bound for a half type is first rounded to float to odd, which makes the
+// second rounding the only one in effect), subnormals kept and NaN kept a NaN.
+//
+// The engine is compiled without -ffast-math and with -ffp-contract=off: every sum and
+// product rounds where the source says, and a fused multiply-add is written as one
+// (mul_add) where a kernel wants it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "engine.h"
+
+namespace layernorm::engine {
+
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+template <typename S>
+struct Compute {
+  using type = float;
+};
+template <>
+struct Compute<double> {
+  using type = double;
+};
+// The dtype a stored S computes in.
+template <typename S>
+using compute_t = typename Compute<S>::type;
+
+template <typename To, typename From>
+inline To bit_cast(From v) {
+  static_assert(sizeof(To) == sizeof(From));
+  To out;
+  std::memcpy(&out, &v, sizeof(To));
+  return out;
+}
+
+// A stored element as its compute value, exactly.
+inline float load(float v) { return v; }
+inline double load(double v) { return v; }
+inline float load(BFloat16 v) { return bit_cast<float>(static_cast<uint32_t>(v.bits) << 16); }
+inline float load(Half v) { return static_cast<float>(bit_cast<_Float16>(v.bits)); }
+
+// A double rounded to float to odd: toward zero, then the last bit set where inexact, so that
+// rounding the result to a narrower type rounds the double once in effect.
+inline float to_odd(double v) {
+  const float f = static_cast<float>(v);  // to nearest
+  const double back = f;
+  uint32_t u = bit_cast<uint32_t>(f);
+  const bool away = v > 0 ? back > v : back < v;  // rounded away from zero (false for NaN)
+  if (away) u -= 1;
+  if (back != v && !std::isnan(v)) u |= 1;
+  return bit_cast<float>(u);
+}
+
+inline uint16_t bfloat16_bits(float f) {
+  const uint32_t u = bit_cast<uint32_t>(f);
+  if (f != f) return static_cast<uint16_t>((u | 0x00400000u) >> 16);  // a NaN stays one, quiet
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// v (float or double) rounded once, to nearest even, to the stored type S.
+template <typename S>
+struct Store;
+template <>
+struct Store<float> {
+  static float of(float v) { return v; }
+  static float of(double v) { return static_cast<float>(v); }
+};
+template <>
+struct Store<double> {
+  static double of(float v) { return v; }
+  static double of(double v) { return v; }
+};
+template <>
+struct Store<BFloat16> {
+  static BFloat16 of(float v) { return {bfloat16_bits(v)}; }
+  static BFloat16 of(double v) { return {bfloat16_bits(to_odd(v))}; }
+};
+template <>
+struct Store<Half> {
+  static Half of(float v) { return {bit_cast<uint16_t>(static_cast<_Float16>(v))}; }
+  static Half of(double v) { return {bit_cast<uint16_t>(static_cast<_Float16>(to_odd(v)))}; }
+};
+template <typename S, typename V>
+inline S store(V v) {
+  return Store<S>::of(v);
+}
+
+// a * b + c rounded once where the CPU has fused multiply-add, else rounded twice: what the
+// kernels' output sweep computes (the same choice LLVM's contraction made for the old kernels).
+template <typename V>
+inline V mul_add(V a, V b, V c) {
+#if defined(__FMA__) || defined(__aarch64__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// f(zero of the stored type named t): one instance of f per stored dtype. (Name the type as
+// std::decay_t<decltype(parameter)>: in a lambda nested in f, g++ 12 takes the decltype of the
+// captured parameter for a reference type.)
+template <typename F>
+void with_dtype(Dtype t, F&& f) {
+  switch (t) {
+    case Dtype::f32: f(float{}); return;
+    case Dtype::f64: f(double{}); return;
+    case Dtype::f16: f(Half{}); return;
+    case Dtype::bf16: f(BFloat16{}); return;
+    case Dtype::none: return;
+  }
+}
+
+// --- fixed-order sums ------------------------------------------------------------------------
+// A block's sum is formed in kLanes<T> partial sums: element j of the block goes to lane
+// j % kLanes, in order, and the lanes are then added in a fixed tree (lane l += lane l + w for
+// w = kLanes/2, ..., 1). The order depends on the block's length only: not on the data's
+// address, the thread, or the CPU's vector width, so every machine gets the same bits from the
+// same inputs. The lanes are held as kGroups vectors of the CPU's width (the compiler's
+// vector_size: two of 512 bits for float32 with AVX-512, four of 256 bits with AVX2), each a
+// register, lane for lane the same arithmetic.
+template <typename T>
+constexpr int kLanes = sizeof(T) == 4 ? 32 : 16;
+
+#if defined(__AVX512F__)
+constexpr int kVectorBytes = 64;
+#else
+constexpr int kVectorBytes = 32;
+#endif
+
+template <typename E, int N>
+struct VectorOf {
+  typedef E type __attribute__((vector_size(sizeof(E) * N)));
+};
+// N lanes of E.
+template <typename E, int N>
+using vec = typename VectorOf<E, N>::type;
+
+// One vector register of T, and how many of them hold the lanes of a sum.
+template <typename T>
+constexpr int kWidth = kVectorBytes / static_cast<int>(sizeof(T));
+template <typename T>
+constexpr int kGroups = kLanes<T> / kWidth<T>;
+template <typename T>
+using wide_t = vec<T, kWidth<T>>;
+
+// kWidth<T> consecutive stored elements from p, each its compute value as T (exactly, or
+// rounded once where T is narrower).
+template <typename T, typename S>
+inline wide_t<T> load_wide(const S* p) {
+  constexpr int W = kWidth<T>;
+  if constexpr (std::is_same_v<S, T>) {
+    wide_t<T> v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  } else if constexpr (std::is_same_v<S, BFloat16>) {
+    vec<uint16_t, W> u;
+    std::memcpy(&u, p, sizeof u);
+    const vec<uint32_t, W> w = __builtin_convertvector(u, vec<uint32_t, W>) << 16;
+    vec<float, W> f;
+    std::memcpy(&f, &w, sizeof f);
+    return __builtin_convertvector(f, wide_t<T>);
+  } else if constexpr (std::is_same_v<S, Half>) {
+    vec<_Float16, W> h;
+    std::memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, wide_t<T>);
+  } else {
+    vec<S, W> v;
+    std::memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, wide_t<T>);
+  }
+}
+
+// The kLanes<T> partial sums of a block.
+template <typename T>
+struct Lanes {
+  wide_t<T> g[kGroups<T>] = {};
+
+  // Lane l's partial sum.
+  T lane(int l) const { return g[l / kWidth<T>][l % kWidth<T>]; }
+
+  // The lanes added in the fixed tree, after the block's last elements (fewer than kLanes, in
+  // `tail`, n of them) went to lanes 0, 1, ...
+  T fold(const T* tail, int n) const {
+    constexpr int L = kLanes<T>;
+    T acc[L];
+    for (int l = 0; l < L; ++l) acc[l] = lane(l);
+    for (int l = 0; l < n; ++l) acc[l] += tail[l];
+    for (int w = L / 2; w >= 1; w /= 2) {
+      for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+    }
+    return acc[0];
+  }
+};
+
+// --- a row's checksum --------------------------------------------------------------------
+template <typename S>
+inline uint64_t bits_of(S v) {
+  if constexpr (sizeof(S) == 2) {
+    return v.bits;
+  } else if constexpr (sizeof(S) == 4) {
+    return bit_cast<uint32_t>(v);
+  } else {
+    return bit_cast<uint64_t>(v);
+  }
+}
+
+// A 64-bit hash of element v at position j: MurmurHash3's finaliser of its bits plus j times
+// an odd constant, so that every input bit reaches every output bit and no pattern of changes
+// (signs flipped, a power-of-two scaling, a swap) cancels in a sum of hashes but by a 2^-64
+// chance.
+template <typename S>
+inline uint64_t mix(S v, int64_t j) {
+  uint64_t k = bits_of(v) + static_cast<uint64_t>(j) * 0x9E3779B97F4A7C15ull;
+  k = (k ^ (k >> 33)) * 0xFF51AFD7ED558CCDull;
+  k = (k ^ (k >> 33)) * 0xC4CEB9FE1A85EC53ull;
+  return k ^ (k >> 33);
+}
+
+}  // namespace layernorm::engine
