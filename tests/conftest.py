@@ -336,19 +336,30 @@ def dtype_or_skip():
 @pytest.fixture
 def cpu_threads(monkeypatch):
     """A context manager: inside ``cpu_threads(n)``, each call of the NumPy API's CPU kernels
-    splits its rows over ``n`` threads (its own pool; more than the machine's cores is
-    allowed), however small the call."""
+    splits its rows over ``n`` threads (torch's where the engine runs, else the package's own
+    pool; more than the machine's cores is allowed), however small the call."""
     pytest.importorskip("numba")
     import contextlib
 
     from layernorm.cpu import api, entry
 
     monkeypatch.setattr(entry, "SERIAL_ELEMENTS", 1)
+    monkeypatch.setattr(api, "SERIAL_ELEMENTS", 1)
 
     @contextlib.contextmanager
     def threads(n: int):
         with monkeypatch.context() as m:
             m.setattr(api, "threads", lambda: n)
-            yield
+            if api._engine() is None:
+                yield
+                return
+            import torch
+
+            before = torch.get_num_threads()
+            torch.set_num_threads(n)
+            try:
+                yield
+            finally:
+                torch.set_num_threads(before)
 
     return threads

@@ -47,6 +47,22 @@ def test_fused_matches_the_reference(name, dtype, zero_centered, family_inputs,
     matches_reference(norm, args, cot, dtype, zero_centered_gamma=zero_centered)
 
 
+@pytest.mark.parametrize("memory_efficient", [False, True], ids=["default", "from-y"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(NORMS))
+def test_the_numba_fallback_matches_the_reference(name, dtype, memory_efficient, family_inputs,
+                                                  matches_reference, monkeypatch):
+    """Protects the NumPy API where the C++ engine is missing: with it turned off the Numba
+    kernels run (both modes, every norm and dtype, a checksum verified in the default mode) and
+    match the reference within the tolerance table, as the engine's results do."""
+    from layernorm.cpu import api
+
+    monkeypatch.setattr(api, "_engine", lambda: None)
+    norm = NORMS[name]
+    args, cot = family_inputs(norm, (3, 7, 300), dtype, seed=4)
+    matches_reference(norm, args, cot, dtype, memory_efficient=memory_efficient)
+
+
 @pytest.mark.parametrize("name", ["add_layer_norm", "add_rms_norm"])
 def test_add_norm_with_a_float32_residual_stream(name, family_inputs, run_norm,
                                                  matches_reference):

@@ -1,8 +1,10 @@
-"""Fused CPU kernels for the family of norms (Numba): the NumPy API of :mod:`layernorm` with
-the same names and signatures, plus ``out=``, computed in one parallel pass over the rows.
+"""Fused CPU kernels for the family of norms: the NumPy API of :mod:`layernorm` with the same
+names and signatures, plus ``out=``, computed in one parallel pass over the rows.
 
-``kernels`` holds the Numba code, ``api`` the checked functions, ``module`` the stateful
-modules; ``dir(layernorm.cpu)`` lists the public API, ``__all__``, only. docs/cpu-kernels.md
+The kernels are the C++ engine's (``layernorm/torch/csrc``, the arrays handed over as tensors
+on the same memory); where torch or the engine is missing, the Numba kernels of ``kernels``.
+``api`` holds the checked functions, ``module`` the stateful modules; ``dir(layernorm.cpu)``
+lists the public API, ``__all__``, only. docs/cpu-kernels.md
 explains the design and its measurements.
 """
 

@@ -1,5 +1,9 @@
 """The NumPy-facing API of the fused CPU kernels: argument checks, storage views, ``out=``.
 
+The kernels are the C++ engine's (:func:`_engine`: ``forward_into`` and ``backward_into`` on
+the arrays as tensors, torch's threads), or where torch or the engine is missing the Numba
+kernels (:mod:`.entry`, the package's own thread pool).
+
 Same maths, signatures and results as :mod:`layernorm.reference` (within the tolerance table);
 only the caches differ. Each function checks its arguments, views each array as the kernels'
 storage (float16 and bfloat16 as their bits), runs one kernel and hands back arrays of the
@@ -15,6 +19,7 @@ for the channels :func:`layernorm.recovery.kept_channels` names and for the rows
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import numba
@@ -203,11 +208,59 @@ def _none(m: int, dtype: np.dtype) -> np.ndarray:
     return np.empty((m, 0), dtype)
 
 
+@functools.cache
+def _engine():
+    """The C++ engine's entry points (``torch.ops.layernorm_cpu``), or None where torch or the
+    engine is missing (then the Numba kernels run). Imported at the first call: importing
+    torch costs a second or so, and ``import layernorm`` needs NumPy alone."""
+    global _torch
+    try:
+        import torch
+
+        from ..torch import _ops
+    except ImportError:
+        return None
+    if not _ops.NATIVE:
+        return None
+    _torch = torch
+    return torch.ops.layernorm_cpu
+
+
+_torch = None  # the torch module, once _engine() found the engine
+
+
+# A call with fewer elements runs on the calling thread (the engine's threads wake in a few
+# microseconds; a row of 4096 float32 is half a microsecond of arithmetic).
+SERIAL_ELEMENTS = 1 << 14
+
+
 def threads() -> int:
-    """The threads a call of the NumPy API may use: Numba's setting for the calling thread,
-    ``numba.set_num_threads`` (by default the machine's cores). The kernels run on a pool of
-    this package's own, not on Numba's parallel layer."""
+    """The threads a call of the NumPy API may use: torch's, ``torch.set_num_threads``, where
+    the engine runs; else Numba's setting for the calling thread, ``numba.set_num_threads``,
+    on a pool of this package's own."""
+    if _engine() is not None:
+        return _torch.get_num_threads()
     return numba.get_num_threads()
+
+
+def _tensor(a: np.ndarray | None):
+    """``a`` as a tensor on the same memory (float16 and bfloat16 from their bits), or None."""
+    if a is None:
+        return None
+    if not a.flags.writeable:  # read by the engine only; torch warns of any read-only array
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _from_numpy(a)
+    return _from_numpy(a)
+
+
+def _from_numpy(a: np.ndarray):
+    name = _name(a.dtype)
+    if name == "uint16":  # float16 bits
+        return _torch.from_numpy(a.view(np.float16))
+    if name == "int16":  # bfloat16 bits
+        return _torch.from_numpy(a).view(_torch.bfloat16)
+    return _torch.from_numpy(a)
 
 
 def _output(out: object, name: str, shape: tuple[int, ...], dtype: np.dtype,
@@ -267,7 +320,13 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
                             _name(h2.dtype) if norm.residual else None, _name(cdt),
                             _name(zp.dtype))
     flags = (kernels.CENTRED if norm.centred else 0) | (kernels.CHECKSUM if checksum else 0)
-    if m:
+    ops = _engine()
+    if m and ops is not None:
+        ops.forward_into(_tensor(x2), _tensor(r2) if norm.residual else None, _tensor(scale),
+                         _tensor(beta_c), eps, norm.centred, _tensor(y2),
+                         _tensor(h2) if norm.residual else None, _tensor(stats),
+                         _tensor(check) if checksum else None, SERIAL_ELEMENTS)
+    elif m:
         entry.run(entry.ctypes_fn(key),
                   (pointer(x2), pointer(r2), pointer(h2), pointer(y2), 0, 0, pointer(scale),
                    pointer(beta_c), eps, flags, pointer(stats), pointer(check), m, d,
@@ -352,7 +411,17 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     flags = kernels.CENTRED if norm.centred else 0
     ok = np.ones(0 if from_y else cache.check.shape[0], np.bool_)  # (M,) or (0,): verified rows
     sums = np.zeros((2, d))  # (2, D) float64: dgamma, dbeta
-    if m and from_y:
+    ops = _engine()
+    if m and ops is not None:
+        verify = not from_y and cache.check.shape[0] > 0
+        ops.backward_into(
+            _tensor(src), _tensor(dy2), None if dh is None else _tensor(dh2),
+            _tensor(cache.scale), _tensor(cache.stats), _tensor(cache.check) if verify else None,
+            *((_tensor(cache.shift), _tensor(cache.keep), _tensor(cache.kept),
+               _tensor(cache.rows), _tensor(cache.xrows)) if from_y else (None,) * 5),
+            norm.centred, _tensor(dx2), None if dres is None else _tensor(dres2), _tensor(sums),
+            _tensor(ok) if verify else None, SERIAL_ELEMENTS)
+    elif m and from_y:
         entry.run(entry.ctypes_fn(entry.backward_y_key(*names)),
                   (pointer(src), pointer(dy2), pointer(dh2), pointer(dx2), pointer(dres2), 0,
                    pointer(cache.scale), pointer(cache.shift), pointer(cache.keep),
@@ -367,7 +436,7 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
                    pointer(cache.scale), pointer(cache.stats), pointer(cache.check), flags,
                    pointer(partial), pointer(ok), m, d, dh2.shape[1], dres2.shape[1], mc, c),
                   c, m * d, threads())
-    if m:
+    if m and ops is None:
         entry.ctypes_fn("reduce")(pointer(partial), pointer(sums), c, d)
     if not ok.all():
         what = "h (the forward's output)" if norm.residual else "x"

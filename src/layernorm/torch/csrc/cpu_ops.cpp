@@ -78,6 +78,44 @@ Tensor shift_of(const OptTensor& p, int64_t d, ScalarType cdt) {
   return p->to(cdt, /*non_blocking=*/false, /*copy=*/true).contiguous();
 }
 
+// (D,) a parameter in the compute dtype for one call on this thread: its own memory where it
+// already is one (contiguous, no plus one), else a conversion into a buffer of this thread's
+// (slot 0 or 1: two parameters a call), `fill` where absent, plus one where zero-centred. No
+// allocation after a thread's first calls, and nothing kept between calls: a decode step's
+// call costs the conversion of D elements, and a parameter changed in any way (through
+// .data included) is read anew.
+const void* param_row(const OptTensor& p, int64_t d, ScalarType cdt, bool plus_one,
+                      double fill, int slot) {
+  if (p.has_value() && p->scalar_type() == cdt && !plus_one && p->is_contiguous()) {
+    return p->const_data_ptr();
+  }
+  thread_local std::vector<double> buffers[2];
+  std::vector<double>& buf = buffers[slot];
+  buf.resize(static_cast<size_t>(d));
+  auto fill_as = [&](auto zero) {
+    using T = decltype(zero);
+    T* out = reinterpret_cast<T*>(buf.data());
+    if (!p.has_value()) {
+      std::fill(out, out + d, static_cast<T>(fill));
+      return;
+    }
+    const Tensor pc = p->contiguous();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pc.scalar_type(), "param", [&] {
+      const scalar_t* in = pc.const_data_ptr<scalar_t>();
+      for (int64_t j = 0; j < d; ++j) out[j] = static_cast<T>(static_cast<double>(in[j]));
+      if (plus_one) {
+        for (int64_t j = 0; j < d; ++j) out[j] = out[j] + T(1);
+      }
+    });
+  };
+  if (cdt == ScalarType::Double) {
+    fill_as(0.0);
+  } else {
+    fill_as(0.0f);
+  }
+  return buf.data();
+}
+
 engine::Dtype dtype_of(ScalarType t) {
   switch (t) {
     case ScalarType::Float: return engine::Dtype::f32;
@@ -188,9 +226,38 @@ void check_like(const Tensor& t, const Tensor& like, const char* name, const cha
                     "'s shape ", like.sizes(), ", got ", t.sizes());
 }
 
-// Rows per task: a task smaller than this is not worth waking a thread for.
-int64_t grain(int64_t d) {
-  return std::max<int64_t>(1, (kSerialElements + d - 1) / std::max<int64_t>(d, 1));
+// Rows per task: a task with fewer than serial_elements elements is not worth waking a
+// thread for.
+int64_t grain(int64_t d, int64_t serial_elements = kSerialElements) {
+  return std::max<int64_t>(1, (serial_elements + d - 1) / std::max<int64_t>(d, 1));
+}
+
+// The engine's forward of `a` over torch's threads.
+void run_forward(const engine::Forward& a, int64_t serial_elements) {
+  if (a.m == 0) return;
+  at::parallel_for(0, a.m, grain(a.d, serial_elements),
+                   [&](int64_t i0, int64_t i1) { engine::forward_rows(a, i0, i1); });
+}
+
+// The engine's backward of `a` over its row chunks on torch's threads (one chunk a task; all on
+// the calling thread when the call has fewer than serial_elements elements), the chunks'
+// partials then added in chunk order into sums (2, D) float64: dgamma, dbeta.
+void run_chunks(engine::Backward a, const Tensor& sums, int64_t serial_elements) {
+  const int64_t c = engine::n_chunks(a.m);
+  double* out = sums.mutable_data_ptr<double>();
+  if (a.m == 0) {
+    std::fill(out, out + 2 * a.d, 0.0);
+    return;
+  }
+  Tensor partial = at::empty({c, 2, a.d}, at::dtype(at::kDouble));
+  a.partial = partial.mutable_data_ptr<double>();
+  std::atomic<bool> ran{true};
+  at::parallel_for(0, c, a.m * a.d < serial_elements ? c : 1, [&](int64_t c0, int64_t c1) {
+    if (!engine::backward_chunks(a, c0, c1)) ran = false;
+  });
+  TORCH_CHECK(ran, "layernorm: no CPU kernel for these dtypes: dy must compute in scale's dtype, "
+              "and in the default mode the rows too");
+  engine::reduce_chunks(a.partial, out, c, a.d);
 }
 
 // The checks both backwards make of the rows they read (xn, or y in the memory-efficient
@@ -246,14 +313,15 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
   Tensor stats = at::empty({keep ? m : 0, engine::kStats}, x.options().dtype(at::kDouble));
   if (m == 0) return {y, h, stats};
   // the parameters in the compute dtype, once a call (no copy where they already are)
-  const Tensor scale = scale_of(weight, d, cdt, zero_centered_gamma);
-  const Tensor shift = shift_of(bias, d, cdt);
+  // the parameters in the compute dtype for this call (no copy where they already are)
+  const void* scale = param_row(weight, d, cdt, zero_centered_gamma, 1.0, 0);
+  const void* shift = param_row(bias, d, cdt, false, 0.0, 1);
   const engine::Forward a{xc.const_data_ptr(),
                           add ? rc.const_data_ptr() : nullptr,
                           add ? h.mutable_data_ptr() : nullptr,
                           y.mutable_data_ptr(),
-                          scale.const_data_ptr(),
-                          shift.const_data_ptr(),
+                          scale,
+                          shift,
                           eps,
                           centred,
                           keep ? stats.mutable_data_ptr<double>() : nullptr,
@@ -263,8 +331,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
                           dtype_of(xdt),
                           add ? dtype_of(rc.scalar_type()) : engine::Dtype::none,
                           add ? dtype_of(hdt) : engine::Dtype::none};
-  at::parallel_for(0, m, grain(d),
-                   [&](int64_t i0, int64_t i1) { engine::forward_rows(a, i0, i1); });
+  run_forward(a, kSerialElements);
   return {y, h, stats};
 }
 
@@ -308,40 +375,28 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(
   if (add) dres = output(src.sizes(), src.options().dtype(*residual_dtype));
   const bool with_dh = dh.has_value();
   const Tensor dhc = with_dh ? in_dtype(*dh, adt) : Tensor();
-  const int64_t c = engine::n_chunks(m);
-  Tensor partial = at::empty({c, 2, d}, src.options().dtype(at::kDouble));
-  Tensor sums = at::zeros({2, d}, src.options().dtype(at::kDouble));
-  if (m > 0) {
-    const engine::Backward a{srcc.const_data_ptr(),
-                             dyc.const_data_ptr(),
-                             with_dh ? dhc.const_data_ptr() : nullptr,
-                             dx.mutable_data_ptr(),
-                             add ? dres.mutable_data_ptr() : nullptr,
-                             scale.const_data_ptr(),
-                             stats.const_data_ptr<double>(),
-                             nullptr,
-                             nullptr,
-                             partial.mutable_data_ptr<double>(),
-                             recovery,
-                             centred,
-                             m,
-                             d,
-                             dtype_of(srcc.scalar_type()),
-                             dtype_of(dyc.scalar_type()),
-                             with_dh ? dtype_of(dhc.scalar_type()) : engine::Dtype::none,
-                             dtype_of(dxdt),
-                             add ? dtype_of(*residual_dtype) : engine::Dtype::none,
-                             dtype_of(cdt)};
-    // one chunk a task; all on the calling thread when the call is small
-    const int64_t chunk_grain = m * d < kSerialElements ? c : 1;
-    std::atomic<bool> ran{true};
-    at::parallel_for(0, c, chunk_grain, [&](int64_t c0, int64_t c1) {
-      if (!engine::backward_chunks(a, c0, c1)) ran = false;
-    });
-    TORCH_CHECK(ran, "layernorm: no CPU kernel for ", srcc.scalar_type(), " rows with dy ",
-                dyc.scalar_type(), " computing in ", cdt);
-    engine::reduce_chunks(a.partial, sums.mutable_data_ptr<double>(), c, d);
-  }
+  Tensor sums = at::empty({2, d}, src.options().dtype(at::kDouble));
+  const engine::Backward a{srcc.const_data_ptr(),
+                           dyc.const_data_ptr(),
+                           with_dh ? dhc.const_data_ptr() : nullptr,
+                           dx.mutable_data_ptr(),
+                           add ? dres.mutable_data_ptr() : nullptr,
+                           scale.const_data_ptr(),
+                           stats.const_data_ptr<double>(),
+                           nullptr,
+                           nullptr,
+                           nullptr,
+                           recovery,
+                           centred,
+                           m,
+                           d,
+                           dtype_of(srcc.scalar_type()),
+                           dtype_of(dyc.scalar_type()),
+                           with_dh ? dtype_of(dhc.scalar_type()) : engine::Dtype::none,
+                           dtype_of(dxdt),
+                           add ? dtype_of(*residual_dtype) : engine::Dtype::none,
+                           dtype_of(cdt)};
+  run_chunks(a, sums, kSerialElements);
   // copies: a custom op's outputs never share memory
   Tensor dw = weight.has_value() ? sums[0].to(weight->scalar_type(), false, true)
                                  : at::empty({0}, src.options());
@@ -798,6 +853,147 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_autograd(
   return {out[0], out[1], out[2], out[3]};
 }
 
+// --- the NumPy API's entry points ----------------------------------------------------------
+// layernorm.cpu hands its arrays over as tensors (torch.from_numpy: no copy) and gets the
+// engine's results written into them, on torch's threads: the same kernels and split as the
+// ops above. serial_elements: calls with fewer elements run on the calling thread.
+
+void check_rows(const Tensor& t, int64_t m, int64_t d, const char* name) {
+  check_cpu(t, name);
+  TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == m && t.size(1) == d && t.is_contiguous(),
+                    "layernorm: ", name, " must be a C-contiguous (", m, ", ", d,
+                    ") tensor, got ", t.sizes());
+}
+
+void check_vector(const Tensor& t, int64_t n, ScalarType dtype, const char* name) {
+  check_cpu(t, name);
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == n && t.is_contiguous() &&
+                        t.scalar_type() == dtype,
+                    "layernorm: ", name, " must be a C-contiguous (", n, ",) ", dtype,
+                    " tensor, got ", t.sizes(), " ", t.scalar_type());
+}
+
+void check_stats(const Tensor& t, int64_t m, const char* name) {
+  check_rows(t, m, engine::kStats, name);
+  TORCH_CHECK_VALUE(t.scalar_type() == ScalarType::Double, "layernorm: ", name,
+                    " must be float64, got ", t.scalar_type());
+}
+
+void forward_into(const Tensor& x, const OptTensor& residual, const Tensor& scale,
+                  const Tensor& shift, double eps, bool centred, const Tensor& y,
+                  const OptTensor& h, const OptTensor& stats, const OptTensor& checksum,
+                  int64_t serial_elements) {
+  TORCH_CHECK_VALUE(x.dim() == 2, "layernorm: x must be (M, D), got ", x.sizes());
+  const int64_t m = x.size(0), d = x.size(1);
+  const bool add = residual.has_value();
+  TORCH_CHECK_VALUE(add == h.has_value(), "layernorm: residual and h go together");
+  check_rows(x, m, d, "x");
+  check_rows(y, m, d, "y");
+  TORCH_CHECK_VALUE(y.scalar_type() == x.scalar_type(), "layernorm: y must have x's dtype");
+  if (add) {
+    check_rows(*residual, m, d, "residual");
+    check_rows(*h, m, d, "h");
+  }
+  const ScalarType cdt = compute(add ? h->scalar_type() : x.scalar_type());
+  check_vector(scale, d, cdt, "scale");
+  check_vector(shift, d, cdt, "shift");
+  if (stats.has_value()) check_stats(*stats, m, "stats");
+  if (checksum.has_value()) check_vector(*checksum, m, ScalarType::UInt64, "checksum");
+  const engine::Forward a{x.const_data_ptr(),
+                          add ? residual->const_data_ptr() : nullptr,
+                          add ? h->mutable_data_ptr() : nullptr,
+                          y.mutable_data_ptr(),
+                          scale.const_data_ptr(),
+                          shift.const_data_ptr(),
+                          eps,
+                          centred,
+                          stats.has_value() ? stats->mutable_data_ptr<double>() : nullptr,
+                          checksum.has_value()
+                              ? static_cast<uint64_t*>(checksum->mutable_data_ptr())
+                              : nullptr,
+                          m,
+                          d,
+                          dtype_of(x.scalar_type()),
+                          add ? dtype_of(residual->scalar_type()) : engine::Dtype::none,
+                          add ? dtype_of(h->scalar_type()) : engine::Dtype::none};
+  run_forward(a, serial_elements);
+}
+
+void backward_into(const Tensor& src, const Tensor& dy, const OptTensor& dh, const Tensor& scale,
+                   const Tensor& stats, const OptTensor& checksum, const OptTensor& shift,
+                   const OptTensor& keep, const OptTensor& kept, const OptTensor& rows,
+                   const OptTensor& xrows, bool centred, const Tensor& dx,
+                   const OptTensor& dres, const Tensor& sums, const OptTensor& ok,
+                   int64_t serial_elements) {
+  TORCH_CHECK_VALUE(src.dim() == 2, "layernorm: src must be (M, D), got ", src.sizes());
+  const int64_t m = src.size(0), d = src.size(1);
+  check_rows(src, m, d, "src");
+  check_rows(dy, m, d, "dy");
+  check_rows(dx, m, d, "dx");
+  if (dh.has_value()) check_rows(*dh, m, d, "dh");
+  if (dres.has_value()) check_rows(*dres, m, d, "dres");
+  const ScalarType cdt = scale.scalar_type();
+  TORCH_CHECK_VALUE(cdt == ScalarType::Float || cdt == ScalarType::Double,
+                    "layernorm: scale must be float32 or float64, got ", cdt);
+  check_vector(scale, d, cdt, "scale");
+  check_stats(stats, m, "stats");
+  check_rows(sums, 2, d, "sums");
+  TORCH_CHECK_VALUE(sums.scalar_type() == ScalarType::Double, "layernorm: sums must be float64");
+  TORCH_CHECK_VALUE(checksum.has_value() == ok.has_value(),
+                    "layernorm: checksum and ok go together");
+  if (checksum.has_value()) {
+    check_vector(*checksum, m, ScalarType::UInt64, "checksum");
+    check_vector(*ok, m, ScalarType::Bool, "ok");
+  }
+  std::optional<engine::Recovery> recovery;
+  if (shift.has_value()) {
+    TORCH_CHECK_VALUE(keep.has_value() && kept.has_value() && rows.has_value() &&
+                          xrows.has_value() && !checksum.has_value(),
+                      "layernorm: the backward from y takes shift, keep, kept, rows and xrows, "
+                      "and no checksum");
+    check_vector(*shift, d, cdt, "shift");
+    const int64_t k = keep->numel(), r = rows->numel();
+    check_vector(*keep, k, ScalarType::Long, "keep");
+    check_ascending(*keep, d, "keep", "channels");
+    check_rows(*kept, m, k, "kept");
+    check_vector(*rows, r, ScalarType::Long, "rows");
+    check_ascending(*rows, m, "rows", "rows");
+    check_rows(*xrows, r, d, "xrows");
+    TORCH_CHECK_VALUE(kept->scalar_type() == cdt && xrows->scalar_type() == cdt,
+                      "layernorm: kept and xrows must have scale's dtype");
+    recovery = engine::Recovery{shift->const_data_ptr(),
+                                k > 0 ? keep->const_data_ptr<int64_t>() : nullptr,
+                                k > 0 ? kept->const_data_ptr() : nullptr,
+                                k,
+                                r > 0 ? rows->const_data_ptr<int64_t>() : nullptr,
+                                r > 0 ? xrows->const_data_ptr() : nullptr,
+                                r};
+  }
+  const engine::Backward a{src.const_data_ptr(),
+                           dy.const_data_ptr(),
+                           dh.has_value() ? dh->const_data_ptr() : nullptr,
+                           dx.mutable_data_ptr(),
+                           dres.has_value() ? dres->mutable_data_ptr() : nullptr,
+                           scale.const_data_ptr(),
+                           stats.const_data_ptr<double>(),
+                           checksum.has_value()
+                               ? static_cast<const uint64_t*>(checksum->const_data_ptr())
+                               : nullptr,
+                           ok.has_value() ? ok->mutable_data_ptr<bool>() : nullptr,
+                           nullptr,
+                           recovery ? &*recovery : nullptr,
+                           centred,
+                           m,
+                           d,
+                           dtype_of(src.scalar_type()),
+                           dtype_of(dy.scalar_type()),
+                           dh.has_value() ? dtype_of(dh->scalar_type()) : engine::Dtype::none,
+                           dtype_of(dx.scalar_type()),
+                           dres.has_value() ? dtype_of(dres->scalar_type()) : engine::Dtype::none,
+                           dtype_of(cdt)};
+  run_chunks(a, sums, serial_elements);
+}
+
 // dst = src (C-contiguous, one shape and dtype) over torch's threads, in blocks of
 // engine::kCopyBlock items: the bandwidth yardstick of layernorm.bench.
 void copy_into(const Tensor& src, const Tensor& dst) {
@@ -821,6 +1017,15 @@ void copy_into(const Tensor& src, const Tensor& dst) {
 
 TORCH_LIBRARY_FRAGMENT(layernorm_cpu, m) {
   m.def("copy_into(Tensor src, Tensor(a!) dst) -> ()", copy_into);
+  m.def("forward_into(Tensor x, Tensor? residual, Tensor scale, Tensor shift, float eps, "
+        "bool centred, Tensor(a!) y, Tensor(b!)? h, Tensor(c!)? stats, Tensor(d!)? checksum, "
+        "int serial_elements) -> ()",
+        forward_into);
+  m.def("backward_into(Tensor src, Tensor dy, Tensor? dh, Tensor scale, Tensor stats, "
+        "Tensor? checksum, Tensor? shift, Tensor? keep, Tensor? kept, Tensor? rows, "
+        "Tensor? xrows, bool centred, Tensor(a!) dx, Tensor(b!)? dres, Tensor(c!) sums, "
+        "Tensor(d!)? ok, int serial_elements) -> ()",
+        backward_into);
   m.def("_setup(int pool_bytes, float margin) -> ()", setup);
   m.def("_pool_bytes() -> int", pool_bytes);
   m.def("_n_chunks(int m) -> int", engine::n_chunks);
