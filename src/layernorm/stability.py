@@ -359,8 +359,9 @@ def reference_table(sz: Sizes, rng: np.random.Generator, seed: int = 0
         ["case", "dtype", "backend", *_REF_COLS, "target", "result", "oracle"],
         note=("y, dx, dgamma, dbeta: normwise relative errors; ulps: of the output dtype at "
               "max|exact|, 0.5 meaning correctly rounded. Each backend runs on the same "
-              f"inputs; '{FUSED}' is layernorm.cpu (numba), whose sums are vectorised in an "
-              "order fixed per CPU, so its last digits may differ on another machine."),
+              f"inputs; '{FUSED}' is layernorm.cpu on the C++ engine, whose sums have one "
+              "order on every CPU (the Numba kernels where the engine is missing: an order "
+              "fixed per CPU)."),
     )
     failed: list[str] = []
     rows = [row for case in _ref_cases(sz, rng) for row in _ref_rows(case, rng, backends)]

@@ -1,9 +1,10 @@
 """The CPU engine and the operator that runs the ops on CPU tensors: built once per machine.
 
 ``csrc/`` holds the engine (``engine.h``: the kernels of every norm, ``forward.cpp`` and
-``backward.cpp``) and the operator (``cpu_ops.cpp``: checks, outputs, threads, autograd), which
-registers the CPU kernels of ``layernorm::fwd``, ``layernorm::bwd``, ``layernorm::norm``,
-``layernorm::fwd_y`` and ``layernorm::bwd_y`` and the bandwidth yardstick's copy. They are
+``backward.cpp``) and the operator (``operator.h``: checks, outputs, threads; ``cpu_ops.cpp``,
+``autograd.cpp`` and ``arrays.cpp``), which registers the CPU kernels of ``layernorm::fwd``,
+``layernorm::bwd``, ``layernorm::norm``, ``layernorm::fwd_y`` and ``layernorm::bwd_y``, the
+NumPy API's entry points and the bandwidth yardstick's copy. They are
 compiled with torch's ``cpp_extension`` (g++ and ninja, :data:`FLAGS`) into a folder beside the
 package (:func:`build_directory`), named by a hash of the sources, the flags, torch's version and
 the CPU's instruction set: ``make`` builds it right after installing (:func:`build`); any other
@@ -39,7 +40,8 @@ __all__ = ["load"]
 
 CSRC = Path(__file__).with_name("csrc")
 # compiled; the headers beside them are hashed too
-SOURCES = ("cpu_ops.cpp", "forward.cpp", "backward.cpp")
+SOURCES = ("forward.cpp", "backward.cpp", "operator.cpp", "cpu_ops.cpp", "autograd.cpp",
+           "arrays.cpp")
 # -O3 -march=native: the fixed-order sums (csrc/element.h) become this CPU's vector registers;
 # -ffp-contract=off: no multiply and add is fused unless the source says so (mul_add); no
 # -ffast-math, which would break the kernels' isfinite tests and flush subnormals in the whole

@@ -8,7 +8,7 @@ keeps anyway) instead of x or h, and the backward recovers xhat from it. They no
 x (..., D) over its last axis, as M rows; the functions of :mod:`layernorm.torch` check the
 caller's arguments first. Each op runs
 
-* on CPU tensors, the fused CPU kernels: through the C++ operator of ``csrc/cpu_ops.cpp``
+* on CPU tensors, the fused CPU kernels: through the C++ engine and operator of ``csrc/``
   (:mod:`._native`), or where it cannot be built through Python (:mod:`._cpu`);
 * on CUDA tensors, the Triton kernels (:mod:`layernorm.gpu.kernels`).
 

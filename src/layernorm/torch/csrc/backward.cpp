@@ -150,7 +150,7 @@ struct Channels {
 // place these block sums are formed, for a row alone and in a tile, so that a row's dx has the
 // same bits in any batch.
 template <bool kShifted, typename T, typename S, typename DY>
-std::pair<T, T> block_grad_y(const S* y, const DY* dy, const T* scale, const Channels<T>& ch,
+std::pair<double, double> block_grad_y(const S* y, const DY* dy, const T* scale, const Channels<T>& ch,
                              int64_t j0, int64_t n) {
   constexpr int L = kLanes<T>;
   const T* num = ch.num.data() + j0;

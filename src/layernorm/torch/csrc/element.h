@@ -126,9 +126,9 @@ void with_dtype(Dtype t, F&& f) {
 }
 
 // --- fixed-order sums ------------------------------------------------------------------------
-// A block's sum is formed in kLanes<T> partial sums: element j of the block goes to lane
-// j % kLanes, in order, and the lanes are then added in a fixed tree (lane l += lane l + w for
-// w = kLanes/2, ..., 1). The order depends on the block's length only: not on the data's
+// A block's sum is formed in kLanes<T> partial sums in T: element j of the block goes to lane
+// j % kLanes, in order (kBlock / kLanes = 16 elements a lane), and the lanes are then added in
+// double in a fixed tree (lane l += lane l + w for w = kLanes/2, ..., 1). The order depends on the block's length only: not on the data's
 // address, the thread, or the CPU's vector width, so every machine gets the same bits from the
 // same inputs. The lanes are held as kGroups vectors of the CPU's width (the compiler's
 // vector_size: two of 512 bits for float32 with AVX-512, four of 256 bits with AVX2), each a
@@ -193,13 +193,15 @@ struct Lanes {
   // Lane l's partial sum.
   T lane(int l) const { return g[l / kWidth<T>][l % kWidth<T>]; }
 
-  // The lanes added in the fixed tree, after the block's last elements (fewer than kLanes, in
-  // `tail`, n of them) went to lanes 0, 1, ...
-  T fold(const T* tail, int n) const {
+  // The lanes added in the fixed tree, in double, after the block's last elements (fewer than
+  // kLanes, in `tail`, n of them) went to lanes 0, 1, ... in T: T rounds only within a lane.
+  double fold(const T* tail, int n) const {
     constexpr int L = kLanes<T>;
-    T acc[L];
-    for (int l = 0; l < L; ++l) acc[l] = lane(l);
-    for (int l = 0; l < n; ++l) acc[l] += tail[l];
+    T last[L];
+    for (int l = 0; l < L; ++l) last[l] = lane(l);
+    for (int l = 0; l < n; ++l) last[l] += tail[l];
+    double acc[L];
+    for (int l = 0; l < L; ++l) acc[l] = static_cast<double>(last[l]);
     for (int w = L / 2; w >= 1; w /= 2) {
       for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
     }

@@ -13,8 +13,10 @@ namespace layernorm::engine {
 // The stored dtypes the kernels read and write.
 enum class Dtype : int8_t { none, f32, f64, f16, bf16 };
 
-// Elements of a row summed in T before the block's total joins a double sum.
-constexpr int64_t kBlock = 1024;
+// Elements of a row summed in T (16 to a lane of element.h's fixed-order sums) before the
+// block's lanes are added in double; also the blocks of channels the memory-efficient backward
+// masks where one holds a kept channel.
+constexpr int64_t kBlock = 512;
 // Elements of an output sweep between prefetch bursts (16 cache lines of float32).
 constexpr int64_t kSpan = 256;
 // The forward's output sweep prefetches the next row only for rows of at least this many bytes.

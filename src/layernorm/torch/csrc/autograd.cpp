@@ -1,0 +1,234 @@
+// The ops' autograd on CPU tensors (AutogradCPU).
+
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "operator.h"
+
+namespace layernorm::op {
+namespace {
+
+// The ops' autograd on CPU tensors in C++, as layernorm/torch/_ops.py has it in Python for
+// CUDA (and for the CPU where this operator cannot be built): a training step's call then
+// costs no Python. The forward saves what the backward reads (x, or h for an add-norm, the
+// parameters and the statistics); the backward is layernorm::bwd, or, when it is itself
+// differentiated (create_graph), the same formulas from ATen operations, which autograd
+// differentiates (composite_backward in _ops.py).
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+using FwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
+    const Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, double, bool, bool,
+    std::optional<ScalarType>);
+using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
+    const Tensor&, const OptTensor&, const Tensor&, const OptTensor&, const OptTensor&,
+    const Tensor&, const Tensor&, bool, bool, std::optional<ScalarType>,
+    std::optional<ScalarType>);
+
+OptTensor given(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
+// The gradients of an add-norm whose y is unused (no dy): h = x + residual is all that is
+// differentiated, so dx = dresidual = dh in their dtypes and the parameters get none. No kernel
+// runs: a zero dy through the norm would form 0 * inf on a row whose rstd is inf (eps = 0,
+// var = 0), where torch's x + r then F.layer_norm passes dh through (_h_only in _ops.py).
+variable_list h_only(const Tensor& dh, ScalarType x_dtype, ScalarType r_dtype) {
+  variable_list out(8);
+  out[0] = dh.to(x_dtype);
+  out[1] = dh.to(r_dtype);
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> composite_backward(
+    const Tensor& dy, const Tensor& dh, const Tensor& xn, const Tensor& weight,
+    const Tensor& bias, double eps, bool centred, bool zero_centered_gamma, ScalarType x_dtype,
+    std::optional<ScalarType> residual_dtype) {
+  const ScalarType cdt = compute(xn.scalar_type());
+  const int64_t d = xn.size(-1);
+  const Tensor x = xn.to(cdt);
+  const Tensor xc = centred ? x - x.mean(-1, true) : x;
+  const Tensor rstd = at::rsqrt((xc * xc).mean(-1, true) + eps);
+  const Tensor xhat = xc * rstd;
+  const Tensor dyc = dy.to(cdt);  // defined: without dy the backward is h_only
+  Tensor g = dyc;
+  if (weight.defined()) g = g * (zero_centered_gamma ? weight.to(cdt) + 1 : weight.to(cdt));
+  const Tensor proj = xhat * (g * xhat).mean(-1, true);
+  const Tensor dnorm = rstd * ((centred ? g - g.mean(-1, true) : g) - proj);
+  Tensor dw, db;
+  if (weight.defined()) dw = (dyc * xhat).reshape({-1, d}).sum(0).to(weight.scalar_type());
+  if (bias.defined()) db = dyc.reshape({-1, d}).sum(0).to(bias.scalar_type());
+  if (!residual_dtype.has_value()) return {dnorm.to(x_dtype), Tensor(), dw, db};
+  const Tensor total = dh.defined() ? dnorm + dh.to(cdt) : dnorm;
+  return {total.to(x_dtype), total.to(*residual_dtype), dw, db};
+}
+
+struct NormFunction : public torch::autograd::Function<NormFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const OptTensor& residual,
+                               const OptTensor& weight, const OptTensor& bias, double eps,
+                               bool centred, bool zero_centered_gamma,
+                               std::optional<ScalarType> h_dtype) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("layernorm::fwd", "")
+                         .typed<FwdSig>();
+    Tensor y, h, s0, s1;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(y, h, s0, s1) =
+          op.call(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype);
+    }
+    const bool add = residual.has_value();
+    ctx->save_for_backward({add ? h : x, weight.value_or(Tensor()), bias.value_or(Tensor()),
+                            s0, s1});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["centred"] = centred;
+    ctx->saved_data["zcg"] = zero_centered_gamma;
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["r_dtype"] = add ? static_cast<int64_t>(residual->scalar_type()) : -1;
+    ctx->mark_non_differentiable({s0, s1});
+    ctx->set_materialize_grads(false);  // an unused y or h costs nothing in the backward
+    return {y, h, s0, s1};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("layernorm::bwd", "")
+                         .typed<BwdSig>();
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &xn = saved[0], &weight = saved[1], &bias = saved[2];
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const bool centred = ctx->saved_data["centred"].toBool();
+    const bool zcg = ctx->saved_data["zcg"].toBool();
+    const auto x_dtype = static_cast<ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const int64_t r = ctx->saved_data["r_dtype"].toInt();
+    const std::optional<ScalarType> r_dtype =
+        r < 0 ? std::nullopt : std::optional<ScalarType>(static_cast<ScalarType>(r));
+    const Tensor& dy = grads[0];
+    const Tensor dh = r_dtype.has_value() ? grads[1] : Tensor();
+    variable_list out(8);
+    if (!dy.defined() && !dh.defined()) return out;
+    if (!dy.defined()) return h_only(dh, x_dtype, *r_dtype);
+    Tensor dx, dres, dw, db;
+    // an add-norm's dresidual equals dx where the two share a dtype: one tensor serves both,
+    // as autograd's own x + residual does, so the kernel writes one gradient instead of two
+    const bool shared = r_dtype.has_value() && *r_dtype == x_dtype;
+    if (at::GradMode::is_enabled()) {  // the backward is being differentiated
+      std::tie(dx, dres, dw, db) =
+          composite_backward(dy, dh, xn, weight, bias, eps, centred, zcg, x_dtype, r_dtype);
+    } else {
+      std::tie(dx, dres, dw, db) =
+          op.call(dy, given(dh), xn, given(weight), given(bias), saved[3], saved[4], centred,
+                  zcg, x_dtype, shared ? std::nullopt : r_dtype);
+      if (shared) dres = dx;
+    }
+    out[0] = dx;
+    if (r_dtype.has_value()) out[1] = dres;
+    if (weight.defined()) out[2] = dw;
+    if (bias.defined()) out[3] = db;
+    return out;
+  }
+};
+
+// The memory-efficient forward's autograd, as _setup_context_y and _backward_y in _ops.py: it
+// saves y (the output itself, watched by its version counter), the parameters, the statistics,
+// keep, kept, rows and xrows, never x or h; its backward is layernorm::bwd_y, and cannot be
+// differentiated.
+using FwdYSig = Tensors8(const Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
+                         double, bool, bool, std::optional<ScalarType>);
+using BwdYSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
+    const Tensor&, const OptTensor&, const Tensor&, const OptTensor&, const OptTensor&,
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+    bool, bool, std::optional<ScalarType>, std::optional<ScalarType>);
+
+struct NormYFunction : public torch::autograd::Function<NormYFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const OptTensor& residual,
+                               const OptTensor& weight, const OptTensor& bias, double eps,
+                               bool centred, bool zero_centered_gamma,
+                               std::optional<ScalarType> h_dtype) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("layernorm::fwd_y", "")
+                         .typed<FwdYSig>();
+    Tensor y, h, s0, s1, keep, kept, rows, xrows;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(y, h, s0, s1, keep, kept, rows, xrows) =
+          op.call(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype);
+    }
+    const bool add = residual.has_value();
+    ctx->save_for_backward({y, weight.value_or(Tensor()), bias.value_or(Tensor()), s0, s1, keep,
+                            kept, rows, xrows});
+    ctx->saved_data["centred"] = centred;
+    ctx->saved_data["zcg"] = zero_centered_gamma;
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["r_dtype"] = add ? static_cast<int64_t>(residual->scalar_type()) : -1;
+    ctx->mark_non_differentiable({s0, s1, keep, kept, rows, xrows});
+    ctx->set_materialize_grads(false);
+    return {y, h, s0, s1, keep, kept, rows, xrows};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("layernorm::bwd_y", "")
+                         .typed<BwdYSig>();
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &y = saved[0], &weight = saved[1], &bias = saved[2];
+    const bool centred = ctx->saved_data["centred"].toBool();
+    const bool zcg = ctx->saved_data["zcg"].toBool();
+    const auto x_dtype = static_cast<ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const int64_t r = ctx->saved_data["r_dtype"].toInt();
+    const std::optional<ScalarType> r_dtype =
+        r < 0 ? std::nullopt : std::optional<ScalarType>(static_cast<ScalarType>(r));
+    const Tensor& dy = grads[0];
+    const Tensor dh = r_dtype.has_value() ? grads[1] : Tensor();
+    variable_list out(8);
+    if (!dy.defined() && !dh.defined()) return out;
+    // without dy there is no norm term: dh's derivative is exact, and differentiable
+    if (!dy.defined()) return h_only(dh, x_dtype, *r_dtype);
+    // the second derivative needs rstd's and the kept xhat's dependence on x, which is not kept
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "layernorm: the backward of a memory_efficient=True norm cannot be "
+                "differentiated (create_graph=True, double backward): it "
+                "keeps y, not the input whose statistics the second derivative "
+                "differentiates; use memory_efficient=False");
+    const bool shared = r_dtype.has_value() && *r_dtype == x_dtype;
+    Tensor dx, dres, dw, db;
+    std::tie(dx, dres, dw, db) =
+        op.call(dy, given(dh), y, given(weight), given(bias), saved[3], saved[4], saved[5],
+                saved[6], saved[7], saved[8], centred, zcg, x_dtype,
+                shared ? std::nullopt : r_dtype);
+    if (shared) dres = dx;
+    out[0] = dx;
+    if (r_dtype.has_value()) out[1] = dres;
+    if (weight.defined()) out[2] = dw;
+    if (bias.defined()) out[3] = db;
+    return out;
+  }
+};
+
+Tensors8 fwd_y_autograd(const Tensor& x, const OptTensor& residual, const OptTensor& weight,
+                        const OptTensor& bias, double eps, bool centred,
+                        bool zero_centered_gamma, std::optional<ScalarType> h_dtype) {
+  auto out = NormYFunction::apply(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                                  h_dtype);
+  return {out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_autograd(
+    const Tensor& x, const OptTensor& residual, const OptTensor& weight,
+    const OptTensor& bias, double eps, bool centred, bool zero_centered_gamma,
+    std::optional<ScalarType> h_dtype) {
+  auto out = NormFunction::apply(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                                 h_dtype);
+  return {out[0], out[1], out[2], out[3]};
+}
+
+}  // namespace
+}  // namespace layernorm::op
+
+namespace {
+using namespace layernorm::op;  // NOLINT: the autograd kernels below
+}  // namespace
+
+TORCH_LIBRARY_IMPL(layernorm, AutogradCPU, m) {
+  m.impl("fwd", fwd_autograd);
+  m.impl("fwd_y", fwd_y_autograd);
+}

@@ -1,0 +1,261 @@
+// The operator's shared parts (operator.h): dtypes, parameters, the output pool, checks, and
+// the engine's kernels over torch's threads.
+
+#include "operator.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <functional>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace layernorm::op {
+namespace {
+double g_margin = 4.0;
+}  // namespace
+
+double margin() { return g_margin; }
+
+// Where the kernels compute: float64 for float64, else float32.
+ScalarType compute(ScalarType t) {
+  return t == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+}
+
+ScalarType widest(ScalarType a, ScalarType b, ScalarType c) {
+  return compute(a) == ScalarType::Double || compute(b) == ScalarType::Double ||
+                 compute(c) == ScalarType::Double
+             ? ScalarType::Double
+             : ScalarType::Float;
+}
+
+// (D,) the backward's scale in the compute dtype, read only: the weight itself where it already
+// is one, else a new tensor (plus one when zero-centred; ones without a weight).
+Tensor scale_of(const OptTensor& p, int64_t d, ScalarType cdt, bool plus_one) {
+  if (!p.has_value()) return at::ones({d}, at::dtype(cdt));
+  if (p->scalar_type() == cdt && !plus_one && p->is_contiguous()) return *p;
+  Tensor s = p->to(cdt, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  return plus_one ? s.add_(1) : s;
+}
+
+// (D,) the shift in the compute dtype: the bias itself where it already is one, else a new
+// tensor (zeros without a bias).
+Tensor shift_of(const OptTensor& p, int64_t d, ScalarType cdt) {
+  if (!p.has_value()) return at::zeros({d}, at::dtype(cdt));
+  if (p->scalar_type() == cdt && p->is_contiguous()) return *p;
+  return p->to(cdt, /*non_blocking=*/false, /*copy=*/true).contiguous();
+}
+
+// (D,) a parameter in the compute dtype for one call on this thread: its own memory where it
+// already is one (contiguous, no plus one), else a conversion into a buffer of this thread's
+// (slot 0 or 1: two parameters a call), `fill` where absent, plus one where zero-centred. No
+// allocation after a thread's first calls, and nothing kept between calls: a decode step's
+// call costs the conversion of D elements, and a parameter changed in any way (through
+// .data included) is read anew.
+const void* param_row(const OptTensor& p, int64_t d, ScalarType cdt, bool plus_one,
+                      double fill, int slot) {
+  if (p.has_value() && p->scalar_type() == cdt && !plus_one && p->is_contiguous()) {
+    return p->const_data_ptr();
+  }
+  thread_local std::vector<double> buffers[2];
+  std::vector<double>& buf = buffers[slot];
+  buf.resize(static_cast<size_t>(d));
+  auto fill_as = [&](auto zero) {
+    using T = decltype(zero);
+    T* out = reinterpret_cast<T*>(buf.data());
+    if (!p.has_value()) {
+      std::fill(out, out + d, static_cast<T>(fill));
+      return;
+    }
+    const Tensor pc = p->contiguous();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pc.scalar_type(), "param", [&] {
+      const scalar_t* in = pc.const_data_ptr<scalar_t>();
+      for (int64_t j = 0; j < d; ++j) out[j] = static_cast<T>(static_cast<double>(in[j]));
+      if (plus_one) {
+        for (int64_t j = 0; j < d; ++j) out[j] = out[j] + T(1);
+      }
+    });
+  };
+  if (cdt == ScalarType::Double) {
+    fill_as(0.0);
+  } else {
+    fill_as(0.0f);
+  }
+  return buf.data();
+}
+
+engine::Dtype dtype_of(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return engine::Dtype::f32;
+    case ScalarType::Double: return engine::Dtype::f64;
+    case ScalarType::Half: return engine::Dtype::f16;
+    case ScalarType::BFloat16: return engine::Dtype::bf16;
+    default: TORCH_CHECK_TYPE(false, "layernorm: no CPU kernel for dtype ", t);
+  }
+}
+
+Tensor in_dtype(const Tensor& t, ScalarType cdt) {
+  return compute(t.scalar_type()) == cdt ? t.contiguous() : t.to(cdt).contiguous();
+}
+
+// --- outputs -----------------------------------------------------------------------------
+// A fresh large output costs its first touch: the kernel faults in and zeroes every page
+// (64 MB of float32 took 18 ms to fill where a copy into touched memory took 1.7 ms). So
+// large outputs come from a pool of blocks that earlier outputs' owners have freed: a block
+// returns to the pool only when the last tensor on it is gone, and the pool keeps at most
+// g_pool_cap bytes (the rest is freed at once). New blocks are 2 MiB aligned and advised to
+// use huge pages, so even their first touch faults 512 times less often.
+
+constexpr size_t kPoolMin = size_t(1) << 20;  // smaller outputs: torch's allocator
+constexpr size_t kHuge = size_t(2) << 20;
+std::mutex g_pool_mutex;
+std::unordered_multimap<size_t, void*> g_pool;  // free blocks by size
+size_t g_pool_bytes = 0;
+size_t g_pool_cap = 0;  // set by _setup
+
+void give_back(void* p, size_t n) {
+  {
+    std::lock_guard<std::mutex> lock(g_pool_mutex);
+    if (g_pool_bytes + n <= g_pool_cap) {
+      g_pool.emplace(n, p);
+      g_pool_bytes += n;
+      return;
+    }
+  }
+  std::free(p);
+}
+
+void* take(size_t n) {
+  {
+    std::lock_guard<std::mutex> lock(g_pool_mutex);
+    auto it = g_pool.find(n);
+    if (it != g_pool.end()) {
+      void* p = it->second;
+      g_pool.erase(it);
+      g_pool_bytes -= n;
+      return p;
+    }
+  }
+  void* p = std::aligned_alloc(kHuge, n);
+  TORCH_CHECK(p != nullptr, "layernorm: out of memory allocating ", n, " bytes");
+  madvise(p, n, MADV_HUGEPAGE);  // a hint: ignored where huge pages are off
+  return p;
+}
+
+// An output of `sizes`: from the pool when large, else torch's allocator.
+Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  const size_t nbytes = c10::multiply_integers(sizes) * c10::elementSize(
+      c10::typeMetaToScalarType(options.dtype()));
+  if (nbytes < kPoolMin || g_pool_cap == 0) return at::empty(sizes, options);
+  const size_t n = (nbytes + kHuge - 1) / kHuge * kHuge;
+  return at::from_blob(take(n), sizes, [n](void* p) { give_back(p, n); }, options);
+}
+
+void setup(int64_t pool_bytes, double margin) {
+  g_margin = margin;
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  g_pool_cap = static_cast<size_t>(std::max<int64_t>(pool_bytes, 0));
+  while (g_pool_bytes > g_pool_cap) {  // a smaller cap frees what no longer fits
+    auto it = g_pool.begin();
+    g_pool_bytes -= it->first;
+    std::free(it->second);
+    g_pool.erase(it);
+  }
+}
+
+// Bytes the output pool holds now.
+int64_t pool_bytes() {
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  return static_cast<int64_t>(g_pool_bytes);
+}
+
+// A mutex held by another thread at fork stays held in the child: the child starts afresh.
+// A forked child runs the kernels on its calling thread: the OpenMP runtime torch's threads
+// live in cannot start a team in a child of a process that used one (the child waits forever
+// on the parent's threads, which it does not have).
+std::atomic<bool> g_forked{false};
+
+void reset_after_fork() {
+  new (&g_pool_mutex) std::mutex();
+  g_forked = true;
+}
+const int g_atfork = pthread_atfork(nullptr, nullptr, reset_after_fork);
+
+void parallel(int64_t begin, int64_t end, int64_t grain_size,
+              const std::function<void(int64_t, int64_t)>& f) {
+  if (begin >= end) return;
+  if (g_forked) {
+    f(begin, end);
+    return;
+  }
+  at::parallel_for(begin, end, grain_size, f);
+}
+
+// The ops are called by layernorm.torch's functions, which check the caller's arguments; a
+// direct call of an op gets these checks, so that no shape reads or writes out of bounds.
+void check_cpu(const Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "layernorm: ", name, " must be a CPU tensor");
+}
+
+void check_param(const OptTensor& p, int64_t d, const char* name) {
+  if (!p.has_value()) return;
+  check_cpu(*p, name);
+  TORCH_CHECK_VALUE(p->numel() == d, "layernorm: ", name, " must have D = ", d,
+                    " elements, got shape ", p->sizes());
+}
+
+void check_like(const Tensor& t, const Tensor& like, const char* name, const char* like_name) {
+  check_cpu(t, name);
+  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), "layernorm: ", name, " must have ", like_name,
+                    "'s shape ", like.sizes(), ", got ", t.sizes());
+}
+
+// Rows per task: a task with fewer than serial_elements elements is not worth waking a
+// thread for.
+int64_t grain(int64_t d, int64_t serial_elements) {
+  return std::max<int64_t>(1, (serial_elements + d - 1) / std::max<int64_t>(d, 1));
+}
+
+// The engine's forward of `a` over torch's threads.
+void run_forward(const engine::Forward& a, int64_t serial_elements) {
+  if (a.m == 0) return;
+  parallel(0, a.m, grain(a.d, serial_elements),
+                   [&](int64_t i0, int64_t i1) { engine::forward_rows(a, i0, i1); });
+}
+
+// The engine's backward of `a` over its row chunks on torch's threads (one chunk a task; all on
+// the calling thread when the call has fewer than serial_elements elements), the chunks'
+// partials then added in chunk order into sums (2, D) float64: dgamma, dbeta.
+void run_chunks(engine::Backward a, const Tensor& sums, int64_t serial_elements) {
+  const int64_t c = engine::n_chunks(a.m);
+  double* out = sums.mutable_data_ptr<double>();
+  if (a.m == 0) {
+    std::fill(out, out + 2 * a.d, 0.0);
+    return;
+  }
+  Tensor partial = at::empty({c, 2, a.d}, at::dtype(at::kDouble));
+  a.partial = partial.mutable_data_ptr<double>();
+  std::atomic<bool> ran{true};
+  parallel(0, c, a.m * a.d < serial_elements ? c : 1, [&](int64_t c0, int64_t c1) {
+    if (!engine::backward_chunks(a, c0, c1)) ran = false;
+  });
+  TORCH_CHECK(ran, "layernorm: no CPU kernel for these dtypes: dy must compute in scale's dtype, "
+              "and in the default mode the rows too");
+  engine::reduce_chunks(a.partial, out, c, a.d);
+}
+
+// The indices t (n,) int64 must be ascending and in [0, top): the kernel indexes rows or
+// channels by them, and meets rows in order.
+void check_ascending(const Tensor& t, int64_t top, const char* name, const char* what) {
+  const int64_t* p = t.const_data_ptr<int64_t>();
+  for (int64_t j = 0; j < t.numel(); ++j) {
+    TORCH_CHECK_VALUE(p[j] >= 0 && p[j] < top && (j == 0 || p[j] > p[j - 1]), "layernorm: ",
+                      name, " must hold ascending ", what, " in [0, ", top, "), got ", p[j],
+                      " at ", j);
+  }
+}
+
+}  // namespace layernorm::op
