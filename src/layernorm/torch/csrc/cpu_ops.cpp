@@ -118,7 +118,7 @@ std::tuple<Tensor, Tensor> norm_cpu(const Tensor& x, const OptTensor& residual,
 // torch's threads (src is xn, or y with `recovery`), the partials reduced in chunk order, and
 // dweight, dbias in the parameters' dtypes. d: the row length (check_backward's).
 std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(
-    const Tensor& src, int64_t d, const Tensor& dy, const OptTensor& dh, const Tensor& scale,
+    const Tensor& src, int64_t d, const Tensor& dy, const OptTensor& dh, const void* scale,
     const Tensor& stats, const OptTensor& weight, const OptTensor& bias, bool centred,
     ScalarType cdt, ScalarType dxdt, std::optional<ScalarType> residual_dtype,
     const engine::Recovery* recovery) {
@@ -140,7 +140,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(
                            with_dh ? dhc.const_data_ptr() : nullptr,
                            dx.mutable_data_ptr(),
                            add ? dres.mutable_data_ptr() : nullptr,
-                           scale.const_data_ptr(),
+                           scale,
                            stats.const_data_ptr<double>(),
                            nullptr,
                            nullptr,
@@ -172,7 +172,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
   const int64_t d = check_backward(dy, dh, xn, "xn", weight, bias, stats0);
   const ScalarType ndt = xn.scalar_type();
   const ScalarType cdt = compute(ndt);
-  const Tensor scale = scale_of(weight, d, cdt, zero_centered_gamma);
+  const void* scale = param_row(weight, d, cdt, zero_centered_gamma, 1.0, 0);
   return run_backward(xn, d, dy, dh, scale, stats0.contiguous(), weight, bias, centred, cdt,
                       x_dtype.value_or(ndt), residual_dtype, nullptr);
 }
@@ -225,13 +225,13 @@ std::pair<Tensor, bool> keep_of(const OptTensor& weight, const OptTensor& bias,
     }
   } else {
     // the scale and shift as the kernel forms them in T, read as T
-    const Tensor s = weight.has_value() ? scale_of(weight, d, cdt, zero_centered_gamma)
-                                        : Tensor();
-    const Tensor b = bias.has_value() ? bias->to(cdt).contiguous() : Tensor();
+    const void* s =
+        weight.has_value() ? param_row(weight, d, cdt, zero_centered_gamma, 1.0, 0) : nullptr;
+    const void* b = bias.has_value() ? param_row(bias, d, cdt, false, 0.0, 1) : nullptr;
     auto scan = [&](auto zero) {
       using T = decltype(zero);
-      const T* sp = s.defined() ? s.const_data_ptr<T>() : nullptr;
-      const T* bp = b.defined() ? b.const_data_ptr<T>() : nullptr;
+      const T* sp = static_cast<const T*>(s);
+      const T* bp = static_cast<const T*>(b);
       for (int64_t j = 0; j < d; ++j) {
         const double sj = sp ? std::abs(static_cast<double>(sp[j])) : 1.0;
         const double bj = bp ? std::abs(static_cast<double>(bp[j])) : 0.0;
@@ -372,11 +372,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
   const Tensor stats = stats0.contiguous();
   const Tensor keptc = kept.contiguous();
   const Tensor xrowsc = xrows.contiguous();
-  const Tensor scale = scale_of(weight, d, cdt, zero_centered_gamma);
+  const void* scale = param_row(weight, d, cdt, zero_centered_gamma, 1.0, 0);
   // the kernel reads the shift in T, as the scale (a half bias is widened here)
-  const Tensor shift = bias.has_value() ? bias->to(cdt).contiguous()
-                                        : at::zeros({d}, y.options().dtype(cdt));
-  const engine::Recovery recovery{shift.const_data_ptr(),
+  const void* shift = param_row(bias, d, cdt, false, 0.0, 1);
+  const engine::Recovery recovery{shift,
                                   k > 0 ? keepc.const_data_ptr<int64_t>() : nullptr,
                                   k > 0 ? keptc.const_data_ptr() : nullptr,
                                   k,

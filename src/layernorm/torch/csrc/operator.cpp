@@ -32,23 +32,6 @@ ScalarType widest(ScalarType a, ScalarType b, ScalarType c) {
              : ScalarType::Float;
 }
 
-// (D,) the backward's scale in the compute dtype, read only: the weight itself where it already
-// is one, else a new tensor (plus one when zero-centred; ones without a weight).
-Tensor scale_of(const OptTensor& p, int64_t d, ScalarType cdt, bool plus_one) {
-  if (!p.has_value()) return at::ones({d}, at::dtype(cdt));
-  if (p->scalar_type() == cdt && !plus_one && p->is_contiguous()) return *p;
-  Tensor s = p->to(cdt, /*non_blocking=*/false, /*copy=*/true).contiguous();
-  return plus_one ? s.add_(1) : s;
-}
-
-// (D,) the shift in the compute dtype: the bias itself where it already is one, else a new
-// tensor (zeros without a bias).
-Tensor shift_of(const OptTensor& p, int64_t d, ScalarType cdt) {
-  if (!p.has_value()) return at::zeros({d}, at::dtype(cdt));
-  if (p->scalar_type() == cdt && p->is_contiguous()) return *p;
-  return p->to(cdt, /*non_blocking=*/false, /*copy=*/true).contiguous();
-}
-
 // (D,) a parameter in the compute dtype for one call on this thread: its own memory where it
 // already is one (contiguous, no plus one), else a conversion into a buffer of this thread's
 // (slot 0 or 1: two parameters a call), `fill` where absent, plus one where zero-centred. No

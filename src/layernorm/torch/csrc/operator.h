@@ -35,10 +35,9 @@ engine::Dtype dtype_of(ScalarType t);
 // t in a dtype that computes in cdt (t itself where it does), contiguous.
 Tensor in_dtype(const Tensor& t, ScalarType cdt);
 
-// (D,) the scale (gamma, 1 + gamma, or ones) and the shift (beta or zeros) in the compute
-// dtype, as tensors; param_row: the same for one call, in a buffer of the calling thread's.
-Tensor scale_of(const OptTensor& p, int64_t d, ScalarType cdt, bool plus_one);
-Tensor shift_of(const OptTensor& p, int64_t d, ScalarType cdt);
+// (D,) the scale (gamma, 1 + gamma, or ones: fill 1) or the shift (beta, or zeros: fill 0) in
+// the compute dtype for one call: the parameter's own memory where it already is one, else a
+// buffer of the calling thread's (slot 0 or 1: two parameters a call).
 const void* param_row(const OptTensor& p, int64_t d, ScalarType cdt, bool plus_one,
                       double fill, int slot);
 
