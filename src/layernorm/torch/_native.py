@@ -17,7 +17,7 @@ it).
 
 Where it cannot be built (no compiler, no ninja, or ``LAYERNORM_NO_CPP=1``), :func:`load`
 says so in one warning and returns False, and the CPU kernels are registered from Python
-instead (:mod:`._cpu`): the NumPy API's kernels, with more time per call.
+instead (:mod:`._cpu`): the Numba kernels, with more time per call.
 """
 
 from __future__ import annotations
