@@ -30,9 +30,15 @@ report: $(STAMP) engine
 # worker, so a file's module fixtures are computed once.
 JOBS ?= auto
 
+# Then the tolerance tests of both APIs again with the engine switched off, where the NumPy
+# fallback computes (what a machine without a compiler runs).
+FALLBACK_TESTS := tests/test_cpu_family.py tests/torch_api/test_torch.py \
+	tests/torch_api/test_torch_memory_efficient.py
+
 test: $(STAMP) engine
 	$(BIN)/ruff check src tests tools
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
+	LAYERNORM_NO_CPP=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile $(FALLBACK_TESTS)
 
 clean:
 	rm -rf $(VENV) report .pytest_cache src/layernorm/torch/_build

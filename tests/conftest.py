@@ -302,7 +302,7 @@ def run_norm():
 def torch_norm():
     """:func:`run_torch`: a family member through layernorm.torch and autograd."""
     pytest.importorskip("torch")
-    pytest.importorskip("numba")
+    pytest.importorskip("torch")
     return run_torch
 
 
@@ -336,14 +336,13 @@ def dtype_or_skip():
 @pytest.fixture
 def cpu_threads(monkeypatch):
     """A context manager: inside ``cpu_threads(n)``, each call of the NumPy API's CPU kernels
-    splits its rows over ``n`` threads (torch's where the engine runs, else the package's own
-    pool; more than the machine's cores is allowed), however small the call."""
-    pytest.importorskip("numba")
+    splits its rows over ``n`` of torch's threads (more than the machine's cores is allowed),
+    however small the call; where the engine is missing, the fallback runs on one thread."""
+    pytest.importorskip("torch")
     import contextlib
 
-    from layernorm.cpu import api, entry
+    from layernorm.cpu import api
 
-    monkeypatch.setattr(entry, "SERIAL_ELEMENTS", 1)
     monkeypatch.setattr(api, "SERIAL_ELEMENTS", 1)
 
     @contextlib.contextmanager

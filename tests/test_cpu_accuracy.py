@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("numba")
+pytest.importorskip("torch")
 
 from layernorm import cpu  # noqa: E402 - after the skip
 from layernorm.numerics import exact_norm, ulp_error  # noqa: E402

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("numba")
+pytest.importorskip("torch")
 
 import layernorm.cpu as lnc  # noqa: E402
 from layernorm.cpu import memory  # noqa: E402

@@ -12,11 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-numba = pytest.importorskip("numba")
+pytest.importorskip("torch")
 
 from layernorm import cpu, recovery  # noqa: E402 - after the skip
 from layernorm import reference as ref  # noqa: E402
-from layernorm.cpu import entry  # noqa: E402
 from layernorm.dtypes import DTYPES as TABLE  # noqa: E402
 from layernorm.dtypes import compute_dtype  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
@@ -31,6 +30,17 @@ def _args(norm, x, gamma, beta, residual=None):
     """The forward's arguments of ``norm`` in its order: x, [residual], gamma, [beta]."""
     args = [x] + ([residual] if norm.residual else []) + [gamma]
     return args + [beta] if norm.centred else args
+
+
+def _engine_block():
+    """The engine's block of channels (``kBlock`` in torch/csrc/engine.h)."""
+    import re
+    from pathlib import Path
+
+    import layernorm.torch
+
+    header = Path(layernorm.torch.__file__).with_name("csrc") / "engine.h"
+    return int(re.search(r"kBlock = (\d+);", header.read_text()).group(1))
 
 
 def _size(a):
@@ -325,16 +335,17 @@ def test_kept_channels_in_one_block_of_many(name, dtype, shifted, dtype_or_skip,
                                             float64_oracle, results_close):
     """Protects sweep 1's choice, block by block, of whether to mask the kept channels' terms,
     the mask row filled in the right blocks, and the sweeps that read no shift row where the
-    shift is 0 on every recovered channel (RMSNorm, or LayerNorm with beta = 0): rows of 2600
-    channels (three blocks of kernels.BLOCK), two kept: one in the last block because its
+    shift is 0 on every recovered channel (RMSNorm, or LayerNorm with beta = 0): rows of
+    channels (three blocks of the engine's kBlock), two kept: one in the last block because its
     scale would overflow y (3e37 * sqrt(D) > largest / 2; y up to about 1e38, so its term
     left unmasked moves dx past float32's tolerance), one in the middle block with scale 0
     (whose mask, read unfilled, would be whatever the memory held). 9 rows: two tiles and a
     leftover row."""
     dt = dtype_or_skip(dtype)
     norm = NORMS[name]
-    d, k, z = 2600, 2100, 1500
-    assert d > 2 * cpu.kernels.BLOCK and (k // cpu.kernels.BLOCK, z // cpu.kernels.BLOCK) == (2, 1)
+    block = _engine_block()
+    d, k, z = 2 * block + block // 2, 2 * block + 50, block + block // 2
+    assert d > 2 * block and (k // block, z // block) == (2, 1)
     gamma = (1 + 0.1 * RNG.standard_normal(d)).astype(dt)
     gamma[k] = 3e37
     gamma[z] = 0.0
@@ -478,14 +489,17 @@ def test_the_kept_rows_follow_recovery():
         assert c.rows.size == 0 and c.xrows.shape == (0, d)
 
 
+@pytest.mark.skipif(not cpu.api._engine(), reason="the C++ engine is not built here")
 def test_rows_kept_whole_anywhere_in_the_chunks(run_norm, cpu_threads):
     """Protects where the kernel meets the rows kept whole: the first and last rows, inside a
     tile, a whole tile, the leftover rows and both sides of the chunks' boundaries, beside a
     kept channel and a row on the float64 path (dy near the top of the range): dgamma and
     dbeta within float32's "param" tolerance of the exact sums, dx within its "out" tolerance
     row by row, the same bits on 1, 2 and 3 threads."""
+    import torch
+
     m, d = 203, 300
-    c = cpu.n_chunks(m)
+    c = torch.ops.layernorm_cpu._n_chunks(m)  # the engine's row chunks
     starts = [k * m // c for k in range(c)]
     assert c == 4 and starts == [0, 50, 101, 152]
     whole = [0, 5, 12, 13, 14, 15, 49, 50, 100, 101, 151, 152, 200, 202]
@@ -642,16 +656,6 @@ def test_zero_rows():
     assert dx.shape == (0, 8) and not dg.any() and not db.any()
 
 
-def test_the_entry_point_resolves_by_name():
-    """Protects the C entry point's name for the C++ caller: 'backward_y' with its roles
-    resolves to the same compiled function as backward_y_key, an absent dh named as dy."""
-    key = entry.backward_y_key("bfloat16", "bfloat16", None, "bfloat16", None, "float32",
-                               "float32")
-    assert key == "backward_y y=i16 dy=i16 dh=i16 dx=i16 dr=i16 t=f32 a=f32"
-    request = "backward_y y=bfloat16 dy=bfloat16 dh=none dx=bfloat16 dr=none t=float32 a=float32"
-    assert entry.resolve(request) == entry.address(key)
-
-
 # --- the modules -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("reuse", [False, True])
@@ -682,17 +686,18 @@ def test_modules_memory_efficient(cls, reuse):
     assert y2.tobytes() == want_y.tobytes() and dx2.tobytes() == want_dx.tobytes()
 
 
-# --- the torch ops' Python kernels -------------------------------------------------------------
+# --- the torch ops' kernels where the engine is missing -----------------------------------
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 @pytest.mark.parametrize("name", list(NORMS))
-def test_torch_python_kernels_match_the_reference(name, dtype, dtype_or_skip):
-    """Protects layernorm.torch._cpu.kept and backward_y on tensors: the kept channels and
+def test_torch_fallback_kernels_match_the_reference(name, dtype, dtype_or_skip):
+    """Protects the ops' fallback kernels (layernorm.torch._fallback: fwd_y and bwd_y on
+    tensors, where the engine is missing): the kept channels and
     the rows kept whole (six constant rows, LayerNorms only) of the reference, and dx,
     dresidual, dweight, dbias within the table of the reference's memory-efficient mode; an
     add-norm with dh and a float32 residual stream."""
     torch = pytest.importorskip("torch")
-    from layernorm.torch import _cpu
+    from layernorm.torch import _fallback
 
     dt = dtype_or_skip(dtype)
     tdt = getattr(torch, dtype)
@@ -713,14 +718,11 @@ def test_torch_python_kernels_match_the_reference(name, dtype, dtype_or_skip):
     xt, rt = t(x), t(residual, torch.float32)
     w, b = t(gamma), t(beta) if norm.centred else None
     h_dtype = torch.float32 if norm.residual else None
-    y, h, stats = _cpu.forward(xt, rt if norm.residual else None, w, b, norm.eps,
-                               norm.centred, False, h_dtype, True)
-    xn = h if norm.residual else xt
-    keep, kept, rows, xrows = _cpu.kept(xn, w, b, stats, norm.eps, norm.centred, False,
-                                        y.dtype)
-    dx, dres, dw, db = _cpu.backward_y(t(dy), t(dh, torch.float32) if norm.residual else None,
-                                       y, w, b, stats, keep, kept, rows, xrows, norm.centred,
-                                       False, tdt if norm.residual else None, h_dtype)
+    y, h, stats, s1, keep, kept, rows, xrows = _fallback._fwd_y(
+        xt, rt if norm.residual else None, w, b, norm.eps, norm.centred, False, h_dtype)
+    dx, dres, dw, db = _fallback._bwd_y(
+        t(dy), t(dh, torch.float32) if norm.residual else None, y, w, b, stats, s1, keep, kept,
+        rows, xrows, norm.centred, False, tdt if norm.residual else None, h_dtype)
     if norm.residual:
         args = _args(norm, x, gamma, beta, residual)
         *_, cache = getattr(ref, f"{name}_forward")(*args, residual_dtype="float32",

@@ -26,7 +26,7 @@ from layernorm.tolerances import assert_close
 # Drawn extremes may have a true result beyond float16's range: inf, with NumPy's warning.
 OVERFLOW_IS_AN_ANSWER = pytest.mark.filterwarnings("ignore:overflow encountered in cast")
 BACKENDS = ["reference"]
-if importlib.util.find_spec("numba") is not None:
+if importlib.util.find_spec("torch") is not None:  # the fused CPU kernels: the C++ engine
     BACKENDS.append("cpu")
 
 
@@ -78,7 +78,7 @@ def test_backend_matches_the_exact_oracle(data):
         _check_against_oracle(p, ex, got, backend)
 
 
-@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs numba")
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs torch (the C++ engine)")
 @pytest.mark.parametrize("name", [n for n in NORMS if n != "layer_norm"])
 @OVERFLOW_IS_AN_ANSWER
 @budget(80)
@@ -162,7 +162,7 @@ def _out_never_aliases(data: st.DataObject, norm, run_norm) -> None:
         [a.tobytes() for a in want.values() if a is not None]
 
 
-@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs numba")
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs torch (the C++ engine)")
 @OVERFLOW_IS_AN_ANSWER
 @budget(200)
 @given(data=st.data())
@@ -173,7 +173,7 @@ def test_out_never_aliases_a_callers_array(data, run_norm):
     _out_never_aliases(data, NORMS["layer_norm"], run_norm)
 
 
-@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs numba")
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs torch (the C++ engine)")
 @pytest.mark.parametrize("name", [n for n in NORMS if n != "layer_norm"])
 @OVERFLOW_IS_AN_ANSWER
 @budget(60)

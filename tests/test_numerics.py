@@ -191,7 +191,9 @@ def test_exact_oracle_rejects_bad_input():
         nx.exact_layer_norm(np.ones((2, 3)), gamma=np.ones(2))
     with pytest.raises(TypeError, match="x must have a floating dtype"):
         nx.exact_layer_norm(np.ones((2, 3), dtype=int))
-    with pytest.raises(ValueError, match="eps must be a finite positive"):
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+        nx.exact_layer_norm(np.ones((2, 3)), eps=-1.0)
+    with pytest.raises(ValueError, match="row 0 is constant and eps = 0"):
         nx.exact_layer_norm(np.ones((2, 3)), eps=0.0)
 
 

@@ -3,7 +3,7 @@ before any table, and the peers' answers built only from steady measurements."""
 
 from __future__ import annotations
 
-from layernorm.bench import peers
+from layernorm.bench import peer_report
 from layernorm.commands import check, report
 from layernorm.commands.report import ReportContext, Section
 
@@ -84,7 +84,7 @@ def test_peer_answers_count_only_steady_shapes():
         _row("layer_norm", "training", "inference", (1.0, 0.6, 1.6),  # wide: no verdict
              torch=(0.2, 0.19, 0.21)),
     ]
-    got = peers.answers(rows)
+    got = peer_report.answers(rows)
     line = next(ln for ln in got["faster"].splitlines() if ln.startswith("| LayerNorm |"))
     assert ("**1.30x** (faster at 2, level at 0, slower at 1 of 4 shapes; too noisy to tell "
             "at 1; slowest 0.50x torch at decode)") in line
@@ -93,5 +93,5 @@ def test_peer_answers_count_only_steady_shapes():
             "decode)") in got["use"]
     level = [_row("rms_norm", "BERT", "training", steady, torch=(1.0, 0.98, 1.02))]
     assert "- RMSNorm, training: any (no shape faster or slower beyond the noise; level at " \
-           "BERT)" in peers.answers(level)["use"]
-    assert peers.answers([]) == {}
+           "BERT)" in peer_report.answers(level)["use"]
+    assert peer_report.answers([]) == {}

@@ -12,7 +12,7 @@ from layernorm.family import NORMS
 from layernorm.tolerances import TOLERANCES
 
 NORM_NAMES = list(NORMS)
-HAS_NUMBA = selfcheck._fused_cpu() is not None
+HAS_ENGINE = selfcheck._fused_cpu() is not None
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def rows(check_rows):
 def test_every_norm_has_every_kind_of_check(rows):
     """Protects the coverage of `layernorm check`: for every norm, fast mode on every shape
     and the large one, full mode on the small shapes, each lower precision against float64,
-    the fused CPU kernels in every dtype (where numba imports), and zero-centred gamma among
+    the fused CPU kernels in every dtype (where the C++ engine runs), and zero-centred gamma among
     the gradient and backend rows; all pass."""
     assert all(r.passed for r in rows), [r for r in rows if not r.passed]
     low = [d for d in available() if d != "float64"]
@@ -35,15 +35,15 @@ def test_every_norm_has_every_kind_of_check(rows):
             if np.prod(shape) <= selfcheck.FULL_SIZE:
                 assert (shape, "finite differences (full)", "float64") in kinds
             assert all((shape, "vs float64 reference", d) in kinds for d in low)
-            if HAS_NUMBA:
+            if HAS_ENGINE:
                 assert all((shape, "fused CPU vs reference", d) in kinds for d in available())
         assert (selfcheck.LARGE_SHAPE, "finite differences (fast)", "float64") in kinds
         zero_centred = {r.method for r in mine if r.scale == "1+gamma"}
         assert {"finite differences (fast)", "finite differences (full)"} <= zero_centred
-        assert not HAS_NUMBA or "fused CPU vs reference" in zero_centred
+        assert not HAS_ENGINE or "fused CPU vs reference" in zero_centred
 
 
-@pytest.mark.skipif(not HAS_NUMBA, reason="needs numba")
+@pytest.mark.skipif(not HAS_ENGINE, reason="needs the C++ engine")
 @pytest.mark.parametrize("name", NORM_NAMES)
 def test_a_fused_cpu_bug_fails_the_backend_rows(name, monkeypatch):
     """Protects the backend rows: dgamma of the fused kernel off by ten times the loosest
@@ -67,7 +67,7 @@ def test_a_fused_cpu_bug_fails_the_backend_rows(name, monkeypatch):
     assert all(r.passed for r in rows if r.method != "fused CPU vs reference")
 
 
-@pytest.mark.skipif(not HAS_NUMBA, reason="needs numba")
+@pytest.mark.skipif(not HAS_ENGINE, reason="needs the C++ engine")
 @pytest.mark.parametrize("name", NORM_NAMES)
 def test_the_zero_centred_rows_use_one_plus_gamma(name, monkeypatch):
     """Protects the 1+gamma rows: a reference forward that ignores zero_centered_gamma fails
@@ -87,8 +87,9 @@ def test_the_zero_centred_rows_use_one_plus_gamma(name, monkeypatch):
     assert any(r.method == "fused CPU vs reference" for r in failed)
 
 
-def test_without_numba_there_are_no_backend_rows(monkeypatch):
-    """Protects `layernorm check` where numba is absent: the reference's rows only, passing."""
+def test_without_the_engine_there_are_no_backend_rows(monkeypatch):
+    """Protects `layernorm check` where the C++ engine is missing: the reference's rows only,
+    passing."""
     monkeypatch.setattr(selfcheck, "_fused_cpu", lambda: None)
     rows = selfcheck.run_checks(norms=["rms_norm"])
     assert rows and all(r.passed and r.method != "fused CPU vs reference" for r in rows)

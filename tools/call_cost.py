@@ -25,7 +25,6 @@ import layernorm.torch as lt
 from layernorm.bench import doc_tables, results
 from layernorm.bench.harness import batch
 from layernorm.bench.machine import run_meta
-from layernorm.cpu import entry
 from layernorm.torch import _functional, _ops
 
 BATCHES = 9
@@ -81,17 +80,16 @@ def main() -> None:
         ]
     train = per_call_us(lambda: lt.layer_norm(xg, d, w, b), n=500)
     rows.append(("layernorm.torch.layer_norm, forward with autograd (x requires grad)", train))
-    key = entry.forward_key("float32", None, None, "float32", "float32")
-    fn = entry.ctypes_fn(key)
-    y = np.empty_like(xn)
-    stats = np.empty((1, 4))
-    ptr = entry.pointer
+    xt, wt, bt = (torch.from_numpy(a) for a in (xn.reshape(1, d), wn, bn))
+    yt = torch.empty_like(xt)
+    stats = torch.empty((1, 4), dtype=torch.float64)
+    check = torch.empty(1, dtype=torch.uint64)
+    into = torch.ops.layernorm_cpu.forward_into
     rows += [
         ("layernorm.cpu.layer_norm_forward, whole call", per_call_us(
             lambda: lnc.layer_norm_forward(xn, wn, bn), n=500)),
-        ("  the compiled kernel through ctypes (no checks, no allocation)", per_call_us(
-            lambda: fn(ptr(xn), 0, 0, ptr(y), 0, 0, ptr(wn), ptr(bn), 1e-5, 1, ptr(stats), 0,
-                       1, d, 0, d, d, 1, 0, 0, 1))),
+        ("  the engine's forward_into through torch's dispatcher (outputs given)", per_call_us(
+            lambda: into(xt, None, wt, bt, 1e-5, True, yt, None, stats, check, 1 << 14))),
     ]
     result = {"meta": {**run_meta(), "d": d, "threads": args.threads, "batches": BATCHES},
               "rows": [{"part": name.lstrip(), "depth": (len(name) - len(name.lstrip())) // 2,

@@ -3,13 +3,13 @@ and report the registers, stack (spills) and shared memory per thread block.
 
     python tools/compile_kernels.py [sm] [--json]   # sm defaults to 90 (H100)
 
-Each kernel is compiled the way a launch compiles it: the launchers (kernels.forward and
-kernels.backward) are called on meta tensors of typical shapes (M = 4096 rows; D from 1 to
+Each kernel is compiled the way a launch compiles it: the launchers (launch.forward and
+launch.backward) are called on meta tensors of typical shapes (M = 4096 rows; D from 1 to
 past the long-row limits) with the kernels' launches captured, and each captured launch goes
 through Triton's own launch-time specialization (the JIT's binder: 16-byte-aligned pointers
 and integers divisible by 16 get ``tt.divisibility`` = 16, integers equal to 1 become
 constants) before it is compiled for sm_<sm>; :func:`cases` lists the shapes, and
-:func:`cases_from_y` those of the memory-efficient backward (``kernels.backward_from_y``).
+:func:`cases_from_y` those of the memory-efficient backward (``launch.backward_from_y``).
 Identical specializations are compiled once.
 
 Triton ships ptxas and cuobjdump, so this needs only the triton wheel. It must run without
@@ -34,6 +34,7 @@ from triton.runtime.jit import create_function_from_signature
 
 from layernorm.family import NORMS
 from layernorm.gpu import kernels as K
+from layernorm.gpu import launch
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                          "cuobjdump")
@@ -56,9 +57,9 @@ def cases() -> list[tuple[str, str, int]]:
     backward is long) and on a long row; packed small rows (D = 1 and 256, LayerNorm only:
     the tiles hold as many elements); float64 (half-size plans) for LayerNorm and its
     add-norm, the heaviest variants, at the same three points."""
-    wide = [K.MAX_SHORT_D_BWD // 2, K.MAX_SHORT_D_FWD // 2, K.MAX_SHORT_D_FWD]
+    wide = [launch.MAX_SHORT_D_BWD // 2, launch.MAX_SHORT_D_FWD // 2, launch.MAX_SHORT_D_FWD]
     out = [(norm, dtype, D) for dtype in ("bf16", "fp32") for norm in NORMS
-           for D in (K.MAX_SHORT_D_BWD, K.MAX_SHORT_D_FWD, 2 * K.MAX_SHORT_D_FWD)]
+           for D in (launch.MAX_SHORT_D_BWD, launch.MAX_SHORT_D_FWD, 2 * launch.MAX_SHORT_D_FWD)]
     out += [("layer_norm", "bf16", 1), ("layer_norm", "bf16", 256)]
     out += [(norm, "fp64", D) for norm in ("layer_norm", "add_layer_norm") for D in wide]
     return out
@@ -71,7 +72,7 @@ def cases_from_y() -> list[tuple[str, str, int]]:
     and on a long row."""
     return [(norm, dtype, D) for dtype in ("bf16", "fp32") for norm in ("layer_norm",
                                                                         "add_layer_norm")
-            for D in (K.MAX_SHORT_D_BWD, 2 * K.MAX_SHORT_D_FWD)]
+            for D in (launch.MAX_SHORT_D_BWD, 2 * launch.MAX_SHORT_D_FWD)]
 
 
 def _tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -99,22 +100,22 @@ def captured_launches(norm: str, dtype: str, D: int, from_y: bool = False) -> li
     for k in KERNELS:
         k.run = capture(k)  # kernel[grid](...) calls self.run
     try:
-        y, h, mean, rstd = K.forward(x, residual, weight, bias, 1e-5, centred=n.centred)
+        y, h, mean, rstd = launch.forward(x, residual, weight, bias, 1e-5, centred=n.centred)
         xn = h if n.residual else x
         dh = _tensor((M, D), dt) if n.residual else None
         residual_dtype = dt if n.residual else None
         if from_y:
             del launches[:]  # the forward's, compiled with the default mode's cases
             one = _tensor((1,), torch.int64)
-            K.backward_from_y(_tensor((M, D), dt), dh, y, weight, bias, rstd, one,
-                              _tensor((M, 1), rstd.dtype), centred=n.centred,
-                              x_dtype=dt if n.residual else None,
-                              residual_dtype=residual_dtype, rows=one,
-                              xhat_rows=_tensor((1, D), rstd.dtype))
+            launch.backward_from_y(_tensor((M, D), dt), dh, y, weight, bias, rstd, one,
+                                   _tensor((M, 1), rstd.dtype), centred=n.centred,
+                                   x_dtype=dt if n.residual else None,
+                                   residual_dtype=residual_dtype, rows=one,
+                                   xhat_rows=_tensor((1, D), rstd.dtype))
         else:
-            K.backward(_tensor((M, D), dt), dh, xn, weight, bias, mean, rstd,
-                       centred=n.centred, x_dtype=dt if n.residual else None,
-                       residual_dtype=residual_dtype)
+            launch.backward(_tensor((M, D), dt), dh, xn, weight, bias, mean, rstd,
+                            centred=n.centred, x_dtype=dt if n.residual else None,
+                            residual_dtype=residual_dtype)
     finally:
         for k, run in saved.items():
             if run is None:
@@ -126,7 +127,7 @@ def captured_launches(norm: str, dtype: str, D: int, from_y: bool = False) -> li
 
 def launches() -> list[tuple[str, tuple, dict]]:
     """(label, (kernel, args, kwargs), dtype) of every launch to compile, in table order."""
-    K._sm_count = lambda device: SMS
+    launch._sm_count = lambda device: SMS
     out = []
     for norm, dtype, D in cases():
         for kernel, args, kwargs in captured_launches(norm, dtype, D):

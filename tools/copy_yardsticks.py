@@ -5,8 +5,7 @@
 Every "% of copy" the project states divides by the GB/s of :func:`layernorm.bench.yardstick.copy`
 (the CPU engine's block-parallel copy with ordinary stores). This times it beside the other
 copies of the same arrays with the same threads, in interleaved rounds: torch's
-``Tensor.copy_``, NumPy's ``copyto`` (one thread) and, where Numba is installed, the
-block-parallel Numba loop the yardstick was before. Prints the median GB/s (read + write) and
+``Tensor.copy_`` and NumPy's ``copyto`` (one thread). Prints the median GB/s (read + write) and
 the spread over rounds of each, and each one's median over the yardstick's; ``--out`` saves the
 rows as JSON.
 """
@@ -24,35 +23,13 @@ import torch
 from layernorm.bench import results
 from layernorm.bench.harness import PAUSE_S, set_threads
 from layernorm.bench.machine import run_meta
-from layernorm.bench.yardstick import BLOCK, copier
+from layernorm.bench.yardstick import copier
 
 CASES = (((8192, 4096), "float32"), ((4096, 768), "float32"), ((64, 65536), "float32"),
          ((1024, 768), "float32"), ((8192, 4096), "bfloat16"))
 
 
-def _numba_copy():
-    """The Numba copy (blocks of BLOCK items over Numba's threads), or None without Numba."""
-    try:
-        from numba import njit, prange
-    except ImportError:
-        return None
-
-    @njit(parallel=True, cache=False)
-    def kernel(src, dst):  # (n,) each
-        n = src.shape[0]
-        for b in prange((n + BLOCK - 1) // BLOCK):
-            s = src[b * BLOCK:min((b + 1) * BLOCK, n)]
-            d = dst[b * BLOCK:min((b + 1) * BLOCK, n)]
-            for j in range(s.shape[0]):
-                d[j] = s[j]
-
-    def run(src, dst):
-        bits = np.dtype(f"u{src.itemsize}")
-        kernel(src.reshape(-1).view(bits), dst.reshape(-1).view(bits))
-    return run
-
-
-def _copies(shape: tuple[int, int], dtype: str, numba_copy) -> tuple[dict, int]:
+def _copies(shape: tuple[int, int], dtype: str) -> tuple[dict, int]:
     """The copies of one (shape, dtype) case, by name, and the bytes each moves."""
     dt = getattr(torch, dtype)
     ts = torch.ones(shape, dtype=dt)  # (M, D)
@@ -62,8 +39,6 @@ def _copies(shape: tuple[int, int], dtype: str, numba_copy) -> tuple[dict, int]:
     copies = {"yardstick (engine)": copier(src, dst),
               "torch copy_": lambda: td.copy_(ts),
               "np.copyto (1 thread)": lambda: np.copyto(dst, src)}
-    if numba_copy is not None:
-        copies["numba block loop"] = lambda: numba_copy(src, dst)
     return copies, 2 * ts.numel() * ts.element_size()
 
 
@@ -74,13 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     set_threads(args.threads)
-    numba_copy = _numba_copy()
     rows = []
     for shape, dtype in CASES:
-        copies, nbytes = _copies(shape, dtype, numba_copy)
+        copies, nbytes = _copies(shape, dtype)
         reps = max(3, int(2e8 // nbytes))
         gbs: dict[str, list[float]] = {name: [] for name in copies}
-        for fn in copies.values():  # warm: compiled, pages touched
+        for fn in copies.values():  # warm: pages touched
             fn()
         for _ in range(args.rounds):
             for name, fn in copies.items():

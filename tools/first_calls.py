@@ -3,7 +3,7 @@
     python tools/first_calls.py [--out FILE]
 
 Each measurement runs in a fresh process with empty per-user caches (a temporary HOME, and
-NUMBA_CACHE_DIR and TORCH_EXTENSIONS_DIR in it), after the package's own build (``make``):
+TORCH_EXTENSIONS_DIR and XDG_CACHE_HOME in it), after the package's own build (``make``):
 the seconds ``import torch`` takes, then ``import layernorm.torch`` on top of it; and, in a new
 process per (norm, dtype, mode), the first forward and backward of the norm on a (64, 1024)
 input with weights, then the second. Prints a table and the goal's verdict per row: the
@@ -61,7 +61,7 @@ _CALLS = textwrap.dedent("""
 
 
 def _fresh(script: str, *args: str, home: Path) -> list[float]:
-    env = {**os.environ, "HOME": str(home), "NUMBA_CACHE_DIR": str(home / "numba"),
+    env = {**os.environ, "HOME": str(home),
            "TORCH_EXTENSIONS_DIR": str(home / "torch_extensions"),
            "XDG_CACHE_HOME": str(home / "cache")}
     done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-import numba
 import numpy as np
+import torch
 
 import layernorm.cpu as lnc
 from layernorm.bench.harness import batch
@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
-    numba.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     print(f"{args.threads} threads, {args.rounds} rounds; p50 ms per call\n")
     print("| norm | shape | fresh outputs | out= | fresh / out= (p20-p80) |\n|---|---|---|---|---|")

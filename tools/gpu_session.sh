@@ -77,7 +77,7 @@ environment() {
 import importlib, platform
 print("python", platform.python_version())
 for name in ("torch", "triton", "numpy", "liger_kernel", "quack", "cutlass", "pytest",
-             "hypothesis", "numba", "ml_dtypes", "mpmath"):
+             "hypothesis", "ml_dtypes", "mpmath"):
     try:
         mod = importlib.import_module(name)
         print(f"{name} {getattr(mod, '__version__', '(no version)')}")

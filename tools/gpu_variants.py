@@ -9,7 +9,7 @@ Every run measures the variant "default" (the constants as they are) and each ``
 back to back for each (norm, N, pass), so drift between them is small; each pass is checked
 against the NumPy reference first, as the benchmark does (``layernorm.bench.gpu``: the same
 timing, L2 flush and bytes). KNOB is one of :data:`KNOBS`, the tuning constants at the top of
-``layernorm.gpu.kernels``; for example ``--variant bwd8k:MAX_SHORT_D_BWD=8192`` holds backward
+``layernorm.gpu.launch``; for example ``--variant bwd8k:MAX_SHORT_D_BWD=8192`` holds backward
 rows of up to 8192 elements whole. Prints one line per (norm, pass, N) with each variant's
 fraction of copy, and writes the rows (the benchmark's keys, the provider named
 ``layernorm[VARIANT]``) as JSON to ``--out`` (default .gpu-run/variants.json).
@@ -84,10 +84,10 @@ def format_lines(rows: list[dict], variants: list[str]) -> list[str]:
     return lines
 
 
-def measure(session: object, kernels: object, device: str, dtype: str, ns: list[int],
+def measure(session: object, launch: object, device: str, dtype: str, ns: list[int],
             norms: list[str], variants: dict[str, dict[str, int]], out: Path) -> list[dict]:
     """The rows of every (N, norm, pass, variant), measured by ``session`` (as
-    ``layernorm.bench.gpu.sweep``'s, one pass as the sweep measures it) with ``kernels``'
+    ``layernorm.bench.gpu.sweep``'s, one pass as the sweep measures it) with ``launch``'s
     constants set to each variant's; a variant that raises is a row with null ms and the
     error, and the run goes on. ``out`` is rewritten after each (N, norm, pass)."""
     rows: list[dict] = []
@@ -100,7 +100,7 @@ def measure(session: object, kernels: object, device: str, dtype: str, ns: list[
             for pass_ in gpu.PASSES:
                 for name, settings in variants.items():
                     prov = gpu.Provider(f"layernorm[{name}]", gpu._ours(norm, N, eps))
-                    with settings_of(kernels, settings):
+                    with settings_of(launch, settings):
                         row, detail = gpu._measure_one(session, device, prov, norm, dtype, M, N,
                                                        pass_, copy, print, uncaptured)
                     rows.append(row)
@@ -126,9 +126,9 @@ def main(argv: list[str]) -> int:
         parser.error(reason)
     import torch
 
-    from layernorm.gpu import kernels
+    from layernorm.gpu import launch
 
-    rows = measure(gpu.CudaSession(args.rounds), kernels, torch.cuda.get_device_name(),
+    rows = measure(gpu.CudaSession(args.rounds), launch, torch.cuda.get_device_name(),
                    args.dtype, args.n or DEFAULT_NS, args.norm or list(gpu.NORMS), variants,
                    args.out)
     print("\n".join(["", *format_lines(rows, list(variants))]))

@@ -2,8 +2,9 @@
 
     python tools/kernel_times.py [--rounds 7] [--out bench/results/kernel-times.json]
 
-Times LayerNorm's compiled forward (keeping statistics, as in training) and backward, called
-directly through ctypes (no checks, no allocation, no dispatcher), beside
+Times the C++ engine's LayerNorm forward (keeping statistics, as in training) and backward,
+called through their array entry points (``forward_into``, ``backward_into``: outputs given,
+no allocation, no Python checks, torch's dispatcher only), beside
 ``torch.ops.aten.native_layer_norm`` and ``native_layer_norm_backward`` on the same data, one
 thread, float32 and bfloat16, in interleaved rounds. Each round puts every array at a random
 64-byte offset: where arrays fall relative to each other moves these timings by 10-15% on this
@@ -23,7 +24,8 @@ import torch
 from layernorm.bench import doc_tables, results
 from layernorm.bench.harness import batch
 from layernorm.bench.machine import run_meta
-from layernorm.cpu import entry, kernels
+from layernorm.cpu.statistics import NSTATS
+from layernorm.torch import _ops
 
 SHAPES = ((4096, 768), (1024, 768), (1024, 4096))
 CODES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -39,24 +41,21 @@ def _placed(t: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     return out
 
 
-def _ptr(t: torch.Tensor) -> int:
-    return t.data_ptr()
-
-
-def _calls(fwd, bwd, x, dy, y, dx, w, b, stats, partial, dt) -> dict:
+def _calls(x, dy, y, dx, w, b, stats, sums, dt) -> dict:
     """The four timed calls on one round's arrays (x, dy, y, dx: (M, D) in the dtype timed; w,
     b: (D,) float32, the kernels' scale and shift; the forward first: the backward reads its
     statistics)."""
-    m, d = x.shape
-    c = partial.shape[0]
+    d = x.shape[1]
     wt, bt = w.to(dt), b.to(dt)
+    ops = torch.ops.layernorm_cpu
+    serial = x.numel() + 1  # one thread: on the calling thread
     _, mean, rstd = torch.ops.aten.native_layer_norm(x, [d], wt, bt, 1e-5)
     return {
-        "ours fwd": lambda: fwd(_ptr(x), 0, 0, _ptr(y), 0, 0, _ptr(w), _ptr(b), 1e-5,
-                                kernels.CENTRED, _ptr(stats), 0, m, d, 0, d, d, m, 0, 0, m),
+        "ours fwd": lambda: ops.forward_into(x, None, w, b, 1e-5, True, y, None, stats, None,
+                                             serial),
         "torch fwd": lambda: torch.ops.aten.native_layer_norm(x, [d], wt, bt, 1e-5),
-        "ours bwd": lambda: bwd(_ptr(x), _ptr(dy), 0, _ptr(dx), 0, 0, _ptr(w), _ptr(stats), 0,
-                                kernels.CENTRED, _ptr(partial), 0, m, d, 0, 0, 0, c, 0, c),
+        "ours bwd": lambda: ops.backward_into(x, dy, None, w, stats, None, None, None, None,
+                                              None, None, True, dx, None, sums, None, serial),
         "torch bwd": lambda: torch.ops.aten.native_layer_norm_backward(
             dy, x, [d], mean, rstd, wt, bt, [True, True, True]),
     }
@@ -68,22 +67,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="save the table's figures as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if not _ops.NATIVE:
+        raise SystemExit("kernel_times: the C++ engine is not built here (make engine)")
     rng = np.random.default_rng(0)
     names = ("ours fwd", "torch fwd", "ours bwd", "torch bwd")
     result: dict = {"meta": {**run_meta(), "rounds": args.rounds}, "rows": []}
     for m, d in SHAPES:
         for dt, name in CODES.items():
-            fwd = entry.ctypes_fn(entry.forward_key(name, None, None, "float32", "float32"))
-            bwd = entry.ctypes_fn(entry.backward_key(name, name, None, name, None, "float32",
-                                                     "float32"))
             x0, dy0 = torch.randn(m, d).to(dt), torch.randn(m, d).to(dt)
             w, b = torch.randn(d), torch.randn(d)
-            stats = torch.empty(m, kernels.NSTATS, dtype=torch.float64)
-            partial = torch.empty(kernels.n_chunks(m), 2, d, dtype=torch.float64)
+            stats = torch.empty(m, NSTATS, dtype=torch.float64)
+            sums = torch.empty(2, d, dtype=torch.float64)
             times: dict[str, list[float]] = {k: [] for k in names}
             for _ in range(args.rounds):
                 arrays = [_placed(t, rng) for t in (x0, dy0, x0, dy0)]
-                for k, fn in _calls(fwd, bwd, *arrays, w, b, stats, partial, dt).items():
+                for k, fn in _calls(*arrays, w, b, stats, sums, dt).items():
                     batch(fn, 2)
                     times[k].append(batch(fn, 10) * 1e3)
             result["rows"].append({"M": m, "D": d, "dtype": name, "ms": {

@@ -1,9 +1,9 @@
 """layernorm: the normalization family (LayerNorm, RMSNorm, each with the residual add fused in)
 with a hand-derived backward and the tools that prove it.
 
-``import layernorm`` needs NumPy alone; the fused backends live in ``layernorm.cpu``
-(numba) and ``layernorm.gpu`` (triton), the PyTorch API in ``layernorm.torch`` (torch and
-numba), each imported only when used.
+``import layernorm`` needs NumPy alone; the fused backends live in ``layernorm.cpu`` (the
+C++ engine, through torch) and ``layernorm.gpu`` (triton), the PyTorch API in
+``layernorm.torch`` (torch), each imported only when used.
 """
 
 from .gradcheck import GradcheckError, GradcheckInconclusive, GradcheckReport, check_vjp

@@ -124,24 +124,18 @@ def check_dy(dy: object, cache: object, cache_type: type | tuple[type, ...],
     return dy
 
 
-def check_eps(eps: object, dtype: np.dtype | None = None) -> float:
-    """``eps`` as a Python float, or an error if it is not a finite positive number.
+def check_eps(eps: object) -> float:
+    """``eps`` as a Python float, or an error if it is not a finite number >= 0.
 
-    With ``dtype`` (the compute dtype), eps must also be a normal number of that dtype, so
-    that var + eps can neither lose it to underflow nor overflow.
+    The one eps rule of every API, torch's own: eps = 0 is allowed (a constant row then has
+    var + eps = 0 and gives NaN, as torch's norms do), and so is an eps that the compute dtype
+    rounds to 0 or to inf (it is added as that dtype's value of it, in every backend alike).
     """
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}: {eps!r}")
     value = float(eps)
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"eps must be a finite positive number, got {value!r}")
-    if dtype is not None:
-        info = np.finfo(dtype)
-        if not float(info.tiny) <= value <= float(info.max):
-            raise ValueError(
-                f"eps must be a normal {np.dtype(dtype).name} number (the compute dtype), "
-                f"between {float(info.tiny):.3g} and {float(info.max):.3g}; got {value!r}"
-            )
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"eps must be a finite number >= 0, got {value!r}")
     return value
 
 

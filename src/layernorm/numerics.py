@@ -370,7 +370,7 @@ def exact_norm(
         x: (..., D) finite floats of any float dtype, taken as exact values (h for an add-norm).
         gamma: (D,) or None. With ``zero_centered_gamma`` the scale is 1 + gamma, exactly.
         beta: (D,) or None; LayerNorm only.
-        eps: finite positive float, taken as its exact binary value.
+        eps: finite float >= 0, taken as its exact binary value.
         dy: x.shape, or None for the forward only.
         centred: True for LayerNorm, False for RMSNorm.
         zero_centered_gamma: scale by 1 + gamma.
@@ -426,6 +426,9 @@ def exact_norm(
     dgamma_terms = []
     for r in range(m):
         vr = int(v[r])
+        if vr == 0:  # eps = 0 and a constant row: 1/sqrt(var + eps) has no value
+            raise ValueError(f"row {r} is constant and eps = 0: var + eps = 0, so rstd and the "
+                             f"results have no exact value (every backend gives NaN there)")
         # rstd = sqrt(w/v) ~ rr * 2**-t, rr >= 2**(_RSTD_BITS + 1), so relative error < 2**-160
         t = max(0, _RSTD_BITS + (vr.bit_length() - w.bit_length() + 5) // 2)
         rr = math.isqrt((w << 2 * t) // vr)

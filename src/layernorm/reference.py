@@ -294,7 +294,7 @@ def _forward(x: np.ndarray, gamma: object, beta: object, eps: object, centred: b
     zero_centered_gamma = check_flag(zero_centered_gamma, "zero_centered_gamma")
     memory_efficient = check_flag(memory_efficient, "memory_efficient")
     cdt = compute_dtype(x.dtype)
-    eps = check_eps(eps, cdt)
+    eps = check_eps(eps)
     y_dtype = x.dtype if y_dtype is None else y_dtype
 
     xhat, rstd = _normalize(x.reshape(-1, d), cdt, eps, centred)  # (M, D), (M,)
@@ -486,7 +486,7 @@ def layer_norm_forward(
         x: (..., D) floating array with at least one axis; never modified.
         gamma: (D,) scale, or None for no scale. The cache keeps a copy of the scale.
         beta: (D,) shift, or None for no shift.
-        eps: finite positive number added to the variance.
+        eps: finite number >= 0 added to the variance.
         zero_centered_gamma: scale by 1 + gamma (formed in the compute dtype) instead of gamma.
         memory_efficient: keep y (returned read-only) instead of xhat; the backward recovers
             xhat from it (:mod:`layernorm.recovery` has the rule and its error).
@@ -532,7 +532,7 @@ def rms_norm_forward(
     Args:
         x: (..., D) floating array with at least one axis; never modified.
         gamma: (D,) scale, or None for no scale. The cache keeps a copy of the scale.
-        eps: finite positive number added to mean(x**2).
+        eps: finite number >= 0 added to mean(x**2).
         zero_centered_gamma: scale by 1 + gamma (formed in the compute dtype) instead of gamma.
         memory_efficient: as for :func:`layer_norm_forward`.
 

@@ -28,9 +28,9 @@ if torch is not None:
         launchers' tests use it for every test (``pytest.mark.usefixtures``)."""
         from triton_cases import poisoned_empty
 
-        from layernorm.gpu import kernels
+        from layernorm.gpu import launch
 
-        monkeypatch.setattr(kernels.torch, "empty", poisoned_empty)
+        monkeypatch.setattr(launch.torch, "empty", poisoned_empty)
 
     @pytest.fixture
     def check(float64_oracle):
@@ -45,16 +45,16 @@ if torch is not None:
     def partial_rows(monkeypatch) -> list[int]:
         """The number of partial rows of dw and db (of programs writing them) of every
         backward launched from here on, with 16 "SMs"."""
-        from layernorm.gpu import kernels
+        from layernorm.gpu import launch
 
-        monkeypatch.setattr(kernels, "_sm_count", lambda device: 16)
+        monkeypatch.setattr(launch, "_sm_count", lambda device: 16)
         seen: list[int] = []
-        count = kernels._partial_rows
+        count = launch._partial_rows
 
         def recording(*args, **kw) -> int:
             seen.append(count(*args, **kw))
             return seen[-1]
-        monkeypatch.setattr(kernels, "_partial_rows", recording)
+        monkeypatch.setattr(launch, "_partial_rows", recording)
         return seen
 
     @pytest.fixture(params=["short", "long"])
@@ -65,12 +65,12 @@ if torch is not None:
         "long")."""
         from triton_cases import LONG_D, SHORT_D
 
-        from layernorm.gpu import kernels
+        from layernorm.gpu import launch
 
         if request.param == "short":
             return SHORT_D
-        monkeypatch.setattr(kernels, "MAX_SHORT_D_FWD", 64)
-        monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 64)
-        monkeypatch.setattr(kernels, "LONG_BLOCK", 32)
-        assert kernels.plan("fwd", LONG_D).long and kernels.plan("bwd", LONG_D, wide=True).long
+        monkeypatch.setattr(launch, "MAX_SHORT_D_FWD", 64)
+        monkeypatch.setattr(launch, "MAX_SHORT_D_BWD", 64)
+        monkeypatch.setattr(launch, "LONG_BLOCK", 32)
+        assert launch.plan("fwd", LONG_D).long and launch.plan("bwd", LONG_D, wide=True).long
         return LONG_D

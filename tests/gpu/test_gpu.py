@@ -1,5 +1,5 @@
-"""The Triton kernels of the family (layernorm.gpu.kernels) through their launchers, against the
-float64 oracle of the definition on the same rounded inputs.
+"""The Triton kernels of the family (layernorm.gpu.kernels) through their launchers
+(layernorm.gpu.launch), against the float64 oracle of the definition on the same rounded inputs.
 
 On a machine with CUDA these run on the GPU; otherwise in Triton's interpreter on CPU tensors
 (conftest.py sets TRITON_INTERPRET=1), with shapes kept small because the interpreter is slow.
@@ -35,7 +35,7 @@ from triton_cases import (  # noqa: E402
 
 from layernorm.dtypes import DTYPES  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
-from layernorm.gpu import kernels  # noqa: E402
+from layernorm.gpu import kernels, launch  # noqa: E402
 
 # every buffer the launchers allocate starts as NaN (conftest.py)
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")
@@ -60,7 +60,7 @@ def test_outputs_start_poisoned(name, monkeypatch):
         poisoned.add(t.data_ptr())
         return t
 
-    monkeypatch.setattr(kernels.torch, "empty", recording)
+    monkeypatch.setattr(launch.torch, "empty", recording)
     got, mean, rstd = make_case(name, 5, SHORT_D, "bfloat16").run()
     results = [t for t in (*got.values(), mean, rstd) if t is not None]
     assert len(results) == len(got) + 2
@@ -86,8 +86,8 @@ def test_long_rows_at_their_real_size(name, check):
     rows), past both passes' short-row limits, is looped over in blocks of LONG_BLOCK, never
     held whole; the last block is ragged."""
     D = 10000
-    assert kernels.plan("fwd", D).long and kernels.plan("bwd", D).long
-    assert D > 2 * kernels.LONG_BLOCK and D % kernels.LONG_BLOCK
+    assert launch.plan("fwd", D).long and launch.plan("bwd", D).long
+    assert D > 2 * launch.LONG_BLOCK and D % launch.LONG_BLOCK
     check(make_case(name, 2, D, "bfloat16" if "add" in name else "float32"))
 
 
@@ -155,8 +155,8 @@ def test_h_is_rounded_once(x_dtype, r_dtype, h_dtype, path):
     wide = torch.float64 if torch.float64 in (case.x.dtype, case.residual.dtype) else \
         torch.float32
     want = (case.x.to(wide) + case.residual.to(wide)).to(torch_dtype(h_dtype))
-    _, h, _, _ = kernels.forward(case.x, case.residual, case.weight, case.bias, case.eps,
-                                 centred=True, h_dtype=case.h_dtype)
+    _, h, _, _ = launch.forward(case.x, case.residual, case.weight, case.bias, case.eps,
+                                centred=True, h_dtype=case.h_dtype)
     assert h.dtype == want.dtype and torch.equal(h, want)
 
 
@@ -188,9 +188,9 @@ def test_row_strides(name, path):
         assert torch.equal(got[k], want[k]), k
     n = NORMS[name]
     xn = strided(want["h"] if n.residual else case.x)
-    dx, *_ = kernels.backward(strided(case.dy), strided(case.dh), xn, case.weight, case.bias,
-                              mean, rstd, centred=n.centred, x_dtype=case.x.dtype,
-                              residual_dtype=case.x.dtype if n.residual else None)
+    dx, *_ = launch.backward(strided(case.dy), strided(case.dh), xn, case.weight, case.bias,
+                             mean, rstd, centred=n.centred, x_dtype=case.x.dtype,
+                             residual_dtype=case.x.dtype if n.residual else None)
     assert torch.equal(dx, want["dx"])
 
 
@@ -295,8 +295,8 @@ def test_constant_rows_do_not_depend_on_division_rounding(name, path, monkeypatc
     case.x[2] = 0.1
     if case.residual is not None:
         case.residual[2] = 0.0
-    y, _, mean, _ = kernels.forward(case.x, case.residual, case.weight, case.bias, case.eps,
-                                    centred=True)
+    y, _, mean, _ = launch.forward(case.x, case.residual, case.weight, case.bias, case.eps,
+                                   centred=True)
     assert torch.equal(y[2], torch.zeros_like(y[2]))
     assert mean[2].item() == np.float32(0.1)
 
@@ -311,10 +311,10 @@ def test_rows_whose_sums_overflow(name, dtype, long, monkeypatch, check):
     all within the table of the oracle (dx per row, relative to its size), the other rows
     untouched. Short rows, and long ones (D = 8 in blocks of 4), each norm and dtype on both."""
     if long:
-        monkeypatch.setattr(kernels, "MAX_SHORT_D_FWD", 4)
-        monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 4)
-        monkeypatch.setattr(kernels, "LONG_BLOCK", 4)
-    assert kernels.plan("fwd", 8).long == kernels.plan("bwd", 8, wide=True).long == long
+        monkeypatch.setattr(launch, "MAX_SHORT_D_FWD", 4)
+        monkeypatch.setattr(launch, "MAX_SHORT_D_BWD", 4)
+        monkeypatch.setattr(launch, "LONG_BLOCK", 4)
+    assert launch.plan("fwd", 8).long == launch.plan("bwd", 8, wide=True).long == long
     case = make_case(name, 5, 8, dtype)
     rescaled_rows(case)
     got = check(case, rows_scaled=True)
@@ -389,8 +389,8 @@ def test_statistics(name, path):
         if h_dtype and not n.residual:
             continue
         case = make_case(name, 6, path, dtype, h_dtype=h_dtype)
-        _, h, mean, rstd = kernels.forward(case.x, case.residual, case.weight, case.bias,
-                                           case.eps, centred=n.centred, h_dtype=case.h_dtype)
+        _, h, mean, rstd = launch.forward(case.x, case.residual, case.weight, case.bias,
+                                          case.eps, centred=n.centred, h_dtype=case.h_dtype)
         assert mean.dtype == rstd.dtype == sdt
         xn = (h if n.residual else case.x).double().cpu().numpy()
         want_mean = xn.mean(1) if n.centred else np.zeros(6)
@@ -409,12 +409,12 @@ def test_statistics(name, path):
 def test_float64_plans_are_half_size():
     """Protects the float64 plans (two registers per value): every limit, tile and block is
     halved, with the same warps per element."""
-    for pass_, limit in (("fwd", kernels.MAX_SHORT_D_FWD), ("bwd", kernels.MAX_SHORT_D_BWD)):
-        assert not kernels.plan(pass_, limit // 2, wide=True).long
-        assert kernels.plan(pass_, limit // 2 + 1, wide=True).long
-        narrow, wide = kernels.plan(pass_, 256), kernels.plan(pass_, 256, wide=True)
+    for pass_, limit in (("fwd", launch.MAX_SHORT_D_FWD), ("bwd", launch.MAX_SHORT_D_BWD)):
+        assert not launch.plan(pass_, limit // 2, wide=True).long
+        assert launch.plan(pass_, limit // 2 + 1, wide=True).long
+        narrow, wide = launch.plan(pass_, 256), launch.plan(pass_, 256, wide=True)
         assert wide.rows * 2 == narrow.rows and wide.num_warps == narrow.num_warps
-        assert kernels.plan(pass_, 10**6, wide=True).block * 2 == kernels.LONG_BLOCK
+        assert launch.plan(pass_, 10**6, wide=True).block * 2 == launch.LONG_BLOCK
 
 
 def test_bad_input():
@@ -424,17 +424,17 @@ def test_bad_input():
     case = make_case("layer_norm", 4, 8, "float32")
     x, w, b = case.x, case.weight, case.bias
     with pytest.raises(ValueError, match="bias"):
-        kernels.forward(x, None, w, b, 1e-5, centred=False)
+        launch.forward(x, None, w, b, 1e-5, centred=False)
     with pytest.raises(ValueError, match="residual"):
-        kernels.forward(x, x[:3], w, b, 1e-5, centred=True)
+        launch.forward(x, x[:3], w, b, 1e-5, centred=True)
     with pytest.raises(ValueError, match="x must have unit column stride"):
-        kernels.forward(x.t().contiguous().t(), None, w, b, 1e-5, centred=True)
+        launch.forward(x.t().contiguous().t(), None, w, b, 1e-5, centred=True)
     with pytest.raises(ValueError, match="weight"):
-        kernels.forward(x, None, w[:7], b, 1e-5, centred=True)
+        launch.forward(x, None, w[:7], b, 1e-5, centred=True)
     with pytest.raises(ValueError, match="eps"):
-        kernels.forward(x, None, w, b, -1.0, centred=True)
-    _, _, mean, rstd = kernels.forward(x, None, w, b, 1e-5, centred=True)
+        launch.forward(x, None, w, b, -1.0, centred=True)
+    _, _, mean, rstd = launch.forward(x, None, w, b, 1e-5, centred=True)
     with pytest.raises(ValueError, match="mean and rstd"):
-        kernels.backward(case.dy.double(), None, x.double(), w, b, mean, rstd, centred=True)
+        launch.backward(case.dy.double(), None, x.double(), w, b, mean, rstd, centred=True)
     with pytest.raises(ValueError, match="dh"):
-        kernels.backward(case.dy, case.dy, x, w, b, mean, rstd, centred=True)
+        launch.backward(case.dy, case.dy, x, w, b, mean, rstd, centred=True)

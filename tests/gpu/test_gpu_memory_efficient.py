@@ -1,4 +1,4 @@
-"""The memory-efficient backward of the Triton kernels (layernorm.gpu.kernels.backward_from_y):
+"""The memory-efficient backward of the Triton kernels (layernorm.gpu.launch.backward_from_y):
 xhat recovered from y as (y - shift) / scale, the channels layernorm.recovery keeps read from
 their own (M, k) store and the rows it keeps whole from their (r, D) store, against the
 reference's memory-efficient backward.
@@ -46,7 +46,7 @@ from triton_cases import (  # noqa: E402
 from layernorm import reference as ref  # noqa: E402
 from layernorm import tolerances  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
-from layernorm.gpu import kernels  # noqa: E402
+from layernorm.gpu import launch  # noqa: E402
 from layernorm.torch import _ops  # noqa: E402
 
 # The interpreter divides in NumPy on every lane: y - shift over a zero scale on a kept channel
@@ -88,15 +88,15 @@ def forward_rstd(case: Case) -> torch.Tensor:
     """The Triton forward's own rstd of ``case``: negative on a row it rescaled (the
     statistics of xn * s, a mark the backward from y cannot complete)."""
     n = case.norm
-    return kernels.forward(case.x, case.residual, case.weight, case.bias, case.eps,
-                           centred=n.centred, zero_centered_gamma=case.zero_centered_gamma,
-                           h_dtype=case.h_dtype)[3]
+    return launch.forward(case.x, case.residual, case.weight, case.bias, case.eps,
+                          centred=n.centred, zero_centered_gamma=case.zero_centered_gamma,
+                          h_dtype=case.h_dtype)[3]
 
 
 def run_from_y(case: Case, saves: Saves) -> dict[str, torch.Tensor | None]:
     """backward_from_y on ``saves``, its results keyed as the reference's."""
     n = case.norm
-    dx, dr, dw, db = kernels.backward_from_y(
+    dx, dr, dw, db = launch.backward_from_y(
         case.dy, case.dh, saves.y, case.weight, case.bias, saves.rstd, saves.keep, saves.kept,
         centred=n.centred, zero_centered_gamma=case.zero_centered_gamma,
         x_dtype=case.x.dtype, residual_dtype=case.residual.dtype if n.residual else None,
@@ -354,13 +354,13 @@ def test_nothing_kept(name, dtype, path, affine):
         case.bias.fill_(0.0)
     got, saves = assert_matches_reference(case)
     assert saves.keep.numel() == 0 and saves.kept.shape == (6, 0)
-    y, h, mean, rstd = kernels.forward(case.x, case.residual, case.weight, case.bias,
-                                       case.eps, centred=case.norm.centred)
+    y, h, mean, rstd = launch.forward(case.x, case.residual, case.weight, case.bias,
+                                      case.eps, centred=case.norm.centred)
     n = case.norm
-    default = kernels.backward(case.dy, case.dh, h if n.residual else case.x, case.weight,
-                               case.bias, mean, rstd, centred=n.centred,
-                               x_dtype=case.x.dtype,
-                               residual_dtype=case.residual.dtype if n.residual else None)
+    default = launch.backward(case.dy, case.dh, h if n.residual else case.x, case.weight,
+                              case.bias, mean, rstd, centred=n.centred,
+                              x_dtype=case.x.dtype,
+                              residual_dtype=case.residual.dtype if n.residual else None)
     size = float(default[0].double().abs().max())
     tol = tolerances.tolerance(coarser(dtype, compute_name(rstd.dtype)), "out")
     # both within the table of the truth, so within twice it of each other, plus y's own
@@ -384,9 +384,9 @@ def test_rescaled_rows(name, dtype, long, monkeypatch):
     dw and db are unchanged. Short rows, and long ones (D = 8 in blocks of 4), each norm and
     dtype on both."""
     if long:
-        monkeypatch.setattr(kernels, "MAX_SHORT_D_BWD", 4)
-        monkeypatch.setattr(kernels, "LONG_BLOCK", 4)
-    assert kernels.plan("bwd", 8, wide=True).long == long
+        monkeypatch.setattr(launch, "MAX_SHORT_D_BWD", 4)
+        monkeypatch.setattr(launch, "LONG_BLOCK", 4)
+    assert launch.plan("bwd", 8, wide=True).long == long
     case = make_case(name, 5, 8, dtype)
     rescaled_rows(case)
     good, saves = assert_matches_reference(case, rows_scaled=True)
@@ -440,7 +440,7 @@ def has_rows(monkeypatch) -> list[bool]:
     """The HAS_ROWS flag of every backward kernel launched, in order."""
     seen: list[bool] = []
     for k in ("_bwd_short_kernel", "_bwd_long_rowstats_kernel", "_bwd_long_dx_kernel"):
-        monkeypatch.setattr(kernels, k, LaunchSpy(getattr(kernels, k), seen))
+        monkeypatch.setattr(launch, k, LaunchSpy(getattr(launch, k), seen))
     return seen
 
 
@@ -577,7 +577,7 @@ def test_bad_rows():
         a = {"dy": case.dy, "dh": None, "y": s.y, "weight": case.weight, "bias": case.bias,
              "rstd": s.rstd, "keep": s.keep, "kept": s.kept, "centred": True, "rows": rows,
              "xhat_rows": xr, **kw}
-        return kernels.backward_from_y(**a)
+        return launch.backward_from_y(**a)
 
     call()
     for kw, match in (({"xhat_rows": None}, "xhat_rows is None"),
@@ -683,7 +683,7 @@ def test_bad_input():
     def call(**kw):
         a = {"dy": dy, "dh": None, "y": s.y, "weight": w, "bias": b, "rstd": s.rstd,
              "keep": s.keep, "kept": s.kept, "centred": True, **kw}
-        return kernels.backward_from_y(**a)
+        return launch.backward_from_y(**a)
 
     call()
     for kw, match in (({"centred": False}, "bias"), ({"dh": dy}, "dh"),

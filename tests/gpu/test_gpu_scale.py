@@ -20,7 +20,7 @@ from triton_cases import DEVICE, Case, to_numpy  # noqa: E402
 
 from layernorm import tolerances  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
-from layernorm.gpu import kernels  # noqa: E402
+from layernorm.gpu import launch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("poisoned_outputs")  # buffers start as NaN (conftest.py)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: gigabytes of data")
@@ -147,6 +147,6 @@ def test_batch_invariant_at_scale(name, N):
 def test_plans_cover_these_paths():
     """Protects what the sizes above exercise: 1024 packs several rows a tile, 4096 is the
     longest row both passes hold whole, 16384 and 65536 loop over blocks in both."""
-    assert kernels.plan("fwd", 1024).rows > 1 and kernels.plan("bwd", 1024).rows > 1
-    assert not kernels.plan("fwd", 4096).long and not kernels.plan("bwd", 4096).long
-    assert kernels.plan("fwd", 16384).long and kernels.plan("bwd", 16384).long
+    assert launch.plan("fwd", 1024).rows > 1 and launch.plan("bwd", 1024).rows > 1
+    assert not launch.plan("fwd", 4096).long and not launch.plan("bwd", 4096).long
+    assert launch.plan("fwd", 16384).long and launch.plan("bwd", 16384).long

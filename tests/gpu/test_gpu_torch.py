@@ -12,7 +12,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-pytest.importorskip("numba")
 
 import layernorm.torch as lt  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402

@@ -30,16 +30,16 @@ def test_parse_variant():
 
 def test_knobs_are_the_kernels_tuning_constants():
     """Protects the knobs from drifting from the kernels: each is an integer constant of
-    layernorm.gpu.kernels, and settings_of sets them inside its block and restores them."""
+    layernorm.gpu.launch, and settings_of sets them inside its block and restores them."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from layernorm.gpu import kernels
+    from layernorm.gpu import launch
 
-    before = {k: getattr(kernels, k) for k in gpu_variants.KNOBS}
+    before = {k: getattr(launch, k) for k in gpu_variants.KNOBS}
     assert all(isinstance(v, int) and v > 0 for v in before.values())
-    with gpu_variants.settings_of(kernels, {"MAX_SHORT_D_BWD": 8192}):
-        assert kernels.MAX_SHORT_D_BWD == 8192 and not kernels.plan("bwd", 8192).long
-    assert {k: getattr(kernels, k) for k in gpu_variants.KNOBS} == before
+    with gpu_variants.settings_of(launch, {"MAX_SHORT_D_BWD": 8192}):
+        assert launch.MAX_SHORT_D_BWD == 8192 and not launch.plan("bwd", 8192).long
+    assert {k: getattr(launch, k) for k in gpu_variants.KNOBS} == before
 
 
 def test_table_shows_each_variant_against_copy():
@@ -65,7 +65,7 @@ def test_measure_sets_each_variant_while_it_runs(tmp_path):
 
     from layernorm.bench import gpu
 
-    kernels = SimpleNamespace(LONG_BLOCK=4096)
+    launch = SimpleNamespace(LONG_BLOCK=4096)
     seen = []
 
     class Session:
@@ -73,7 +73,7 @@ def test_measure_sets_each_variant_while_it_runs(tmp_path):
             return 3000.0
 
         def run(self, prov, norm, dtype, M, N, pass_):
-            seen.append((prov.name, pass_, kernels.LONG_BLOCK))
+            seen.append((prov.name, pass_, launch.LONG_BLOCK))
             if prov.name == "layernorm[small]" and pass_ == "bwd":
                 raise RuntimeError("out of resources: shared memory")
             return gpu.Measured([0.2, 0.1, 0.3], "cuda_graph")
@@ -82,11 +82,11 @@ def test_measure_sets_each_variant_while_it_runs(tmp_path):
             pass
 
     out = tmp_path / "v.json"
-    rows = gpu_variants.measure(Session(), kernels, "gpu", "bfloat16", [8192], ["rms_norm"],
+    rows = gpu_variants.measure(Session(), launch, "gpu", "bfloat16", [8192], ["rms_norm"],
                                 {"default": {}, "small": {"LONG_BLOCK": 1024}}, out)
     assert seen == [("layernorm[default]", "fwd", 4096), ("layernorm[small]", "fwd", 1024),
                     ("layernorm[default]", "bwd", 4096), ("layernorm[small]", "bwd", 1024)]
-    assert kernels.LONG_BLOCK == 4096
+    assert launch.LONG_BLOCK == 4096
     assert [(r["provider"], r["pass"], r["ms"]) for r in rows] == [
         ("layernorm[default]", "fwd", 0.2), ("layernorm[small]", "fwd", 0.2),
         ("layernorm[default]", "bwd", 0.2), ("layernorm[small]", "bwd", None)]

@@ -24,7 +24,7 @@ from fuzzing import family_scales
 from layernorm import tolerances
 from layernorm.dtypes import DTYPES, resolve
 from layernorm.family import NORMS, Norm
-from layernorm.gpu import kernels
+from layernorm.gpu import launch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
@@ -86,10 +86,10 @@ class Case:
         """Our forward and backward through the launchers: results keyed as the oracle's, and
         the saved mean and rstd."""
         n = self.norm
-        y, h, mean, rstd = kernels.forward(
+        y, h, mean, rstd = launch.forward(
             self.x, self.residual, self.weight, self.bias, self.eps, centred=n.centred,
             zero_centered_gamma=self.zero_centered_gamma, h_dtype=self.h_dtype)
-        dx, dr, dw, db = kernels.backward(
+        dx, dr, dw, db = launch.backward(
             self.dy, self.dh, h if n.residual else self.x, self.weight, self.bias, mean, rstd,
             centred=n.centred, zero_centered_gamma=self.zero_centered_gamma,
             x_dtype=self.x.dtype if n.residual else None,

@@ -4,8 +4,7 @@ on each rank's rows (sequence parallelism) without gathering x, reducing dweight
 
 The tests share 2 worker processes (spawned once for the module, a FileStore in a temporary
 directory); each test hands them a task, rank 0 saves what it measured, and the test compares
-it here with the same computation run in this process on the whole batch. That single-process
-run comes first, so the workers load the kernels from numba's cache instead of compiling them.
+it here with the same computation run in this process on the whole batch.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("numba")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("this torch has no torch.distributed with the gloo backend",
                 allow_module_level=True)

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("numba")
 
 import layernorm.torch as lt  # noqa: E402
 from layernorm.torch import _ops  # noqa: E402

@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("numba")
 
 import layernorm.torch as lt  # noqa: E402 - after the skips
 from layernorm.tolerances import assert_close  # noqa: E402

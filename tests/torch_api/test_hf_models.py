@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("numba")
 transformers = pytest.importorskip("transformers")
 
 import layernorm.torch as lt  # noqa: E402 - after the skips
@@ -29,7 +28,7 @@ D = 24  # the normalized size of the table's instances
 ENTRIES = [(recipe, entry) for recipe, entries in TRANSFORMERS.items() for entry in entries]
 
 # (input dtype, parameter dtype). Tolerances: the coarser of the two dtypes' entries of the
-# table. Each original rounds in its own way (the module docstring of _swap.py lists them:
+# table. Each original rounds in its own way (docs/models.md lists them by recipe:
 # up to three roundings to the coarser dtype where ours has one, and the half-dtype steps of
 # the classes that compute in the input's dtype); measured, the worst of them stays under half
 # of the bfloat16 "out" and "param" entries. y and dx are "out" (scale: the larger of 1 and

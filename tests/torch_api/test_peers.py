@@ -10,9 +10,8 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("numba")
 
-from layernorm.bench import peers  # noqa: E402
+from layernorm.bench import end_to_end, peer_report, peers  # noqa: E402
 
 ORT = peers.available_peers()["onnxruntime"] is None
 
@@ -38,7 +37,7 @@ def test_every_provider_runs_and_agrees_with_ours(norm, mode):
         assert "p50_ms" in got["onnxruntime"]
     assert got["torch.compile"].get("compile_s") or "absent" in got["torch.compile"]
     assert row["best"] in peers.PEERS and row["verdict"]
-    assert peers.table([row]).count("\n") == 2  # a header, a rule, one row
+    assert peer_report.table([row]).count("\n") == 2  # a header, a rule, one row
 
 
 def test_bfloat16_without_a_kernel_is_absent_not_converted():
@@ -87,11 +86,11 @@ def test_end_to_end_gives_no_verdict_on_unsteady_times():
     times are judged on the ratio's spread."""
     wide = {"torch": [20.0, 16.7, 74.8], "layernorm": [19.0, 18.0, 19.5],
             "speedup": [1.05, 1.02, 1.08]}
-    assert peers.end_to_end_verdict("train step", wide) == (
+    assert end_to_end.end_to_end_verdict("train step", wide) == (
         "too noisy to tell (p20-p80 16.70 ms-74.80 ms)")
     steady = {**wide, "torch": [20.0, 19.5, 20.5]}
-    assert peers.end_to_end_verdict("train step", steady) == "faster: met"
-    assert peers.end_to_end_verdict("generate", {**steady, "speedup": [0.9, 0.85, 0.95]}) == (
+    assert end_to_end.end_to_end_verdict("train step", steady) == "faster: met"
+    assert end_to_end.end_to_end_verdict("generate", {**steady, "speedup": [0.9, 0.85, 0.95]}) == (
         "slower: missed")
 
 
@@ -100,19 +99,20 @@ def test_end_to_end_model_swaps_and_matches(monkeypatch):
     the original's logits within float32 rounding and the same greedy tokens, and both tasks
     are timed for both models."""
     pytest.importorskip("transformers")
-    monkeypatch.setattr(peers, "LLAMA", {**peers.LLAMA, "hidden_size": 64,
-                                         "intermediate_size": 128, "num_hidden_layers": 2,
-                                         "num_attention_heads": 4, "num_key_value_heads": 4,
-                                         "vocab_size": 256})
-    monkeypatch.setattr(peers, "TRAIN_BATCH", (2, 16))
-    monkeypatch.setattr(peers, "NEW_TOKENS", 4)
-    monkeypatch.setattr(peers, "PAUSE_S", 0.0)
-    e = peers.llama_end_to_end(rounds=1, threads=1)
+    monkeypatch.setattr(end_to_end, "LLAMA", {**end_to_end.LLAMA, "hidden_size": 64,
+                                              "intermediate_size": 128,
+                                              "num_hidden_layers": 2,
+                                              "num_attention_heads": 4,
+                                              "num_key_value_heads": 4, "vocab_size": 256})
+    monkeypatch.setattr(end_to_end, "TRAIN_BATCH", (2, 16))
+    monkeypatch.setattr(end_to_end, "NEW_TOKENS", 4)
+    monkeypatch.setattr(end_to_end, "PAUSE_S", 0.0)
+    e = end_to_end.llama_end_to_end(rounds=1, threads=1)
     assert e["norms_swapped"] == 2 * 2 + 1  # two a block and the final one
     assert e["max_logit_diff"] < 1e-4 and e["same_tokens"]
     for task in ("train step", "generate"):
         assert set(e[task]) == {"torch", "layernorm", "speedup"}
-    assert "| train step |" in peers.format_end_to_end(e)
+    assert "| train step |" in end_to_end.format_end_to_end(e)
 
 
 @pytest.mark.parametrize("argv, message", [

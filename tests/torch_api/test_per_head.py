@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("numba")
 CohereLayerNorm = pytest.importorskip("transformers.models.cohere.modeling_cohere").CohereLayerNorm
 
 import layernorm.torch as lt  # noqa: E402 - after the skips

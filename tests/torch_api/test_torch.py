@@ -2,8 +2,8 @@
 torch users rely on (gradcheck, double backward, version counters, autocast, torch.compile,
 opcheck), the modules as drop-ins, and argument errors.
 
-The ops run the fused Numba kernels here; tests/gpu/test_gpu_torch.py runs the same API
-through the Triton kernels.
+The ops run the C++ engine here; tests/gpu/test_gpu_torch.py runs the same API through the
+Triton kernels.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("numba")
 
 import torch.nn.functional as F  # noqa: E402
 

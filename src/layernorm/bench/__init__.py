@@ -7,5 +7,5 @@
     yardstick  the copy whose bandwidth every pass is compared with
     gpu        the GPU benchmark (CUDA events, L2 flushes, its own providers and result files)
 
-Optional libraries (numba, torch, triton, matplotlib) are imported only where used.
+Optional libraries (torch, triton, matplotlib) are imported only where used.
 """

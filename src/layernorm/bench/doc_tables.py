@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .._table import render
 from ..family import NORMS
-from . import peers, results
+from . import peer_report, results
 
 __all__ = ["BLOCKS", "Block", "bandwidth_table", "call_cost_table", "complexity_table",
            "kernel_times_table", "memory_efficient_table", "onnxruntime_rows_table", "stale",
@@ -127,7 +127,7 @@ class Block:
 
 
 BLOCKS: dict[str, Block] = {
-    "torch-speed": Block("docs/torch.md", "cpu-peers-full.json", peers.doc_section),
+    "torch-speed": Block("docs/torch.md", "cpu-peers-full.json", peer_report.doc_section),
     "complexity-bench": Block("docs/complexity.md", "cpu-family-8x1024x4096.json",
                               complexity_table),
     "cpu-bandwidth": Block("docs/cpu-kernels.md", "cpu-bandwidth.json", bandwidth_table),

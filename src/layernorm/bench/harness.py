@@ -5,8 +5,8 @@
     run_bench           every case, each row stamped with the machine and the time; the run
                         records the load average before and after
     llc_bytes, regime   the last-level cache's size, and where a case's data lives
-    set_threads         the thread count of Numba and PyTorch
-    first_call_latency  import and first calls of layernorm.cpu in a fresh process, cold then warm
+    set_threads         the thread count of PyTorch, on which the engine runs
+    first_call_latency  import and first calls of layernorm.cpu in two fresh processes
 
 Check: each provider's results against :func:`layernorm.bench.providers.reference` through
 :func:`layernorm.tolerances.compare`; a row's ``check`` is the worst error in multiples of its
@@ -25,7 +25,7 @@ Bandwidth: GB/s on minimal bytes (:func:`layernorm.cost.minimal_bytes`; their su
 :func:`pass_bytes`: without dresidual's for the add-norms' backward of the implementations that
 return dx as dresidual too) and that as a fraction of the copy's GB/s
 (:mod:`layernorm.bench.yardstick`: data of the case's size, the same threads, the same rounds,
-read and write counted); without Numba the copy is NumPy's single-threaded ``np.copyto``.
+read and write counted).
 
 Where the data lives (:func:`regime`): "in cache" when the largest pass's minimal bytes fit in
 the last-level cache, "DRAM" when even the copy's (2·M·D·itemsize) are at least twice its size,
@@ -47,7 +47,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -213,35 +212,21 @@ def batch(fn: Callable[[], object], reps: int) -> float:
 
 
 def threads() -> int:
-    """The threads the timed libraries use: Numba's count, else PyTorch's, else 1."""
-    try:
-        import numba
-
-        return numba.get_num_threads()
-    except ImportError:
-        pass
+    """The threads the timed libraries use: PyTorch's (the engine runs on them), else 1."""
     try:
         import torch
-
-        return torch.get_num_threads()
     except ImportError:
         return 1
+    return torch.get_num_threads()
 
 
 def set_threads(n: int) -> None:
-    """Use ``n`` threads in Numba and PyTorch (those installed)."""
-    try:
-        import numba
-    except ImportError:
-        pass
-    else:
-        numba.set_num_threads(n)
+    """Use ``n`` threads in PyTorch, where installed (the engine runs on its threads)."""
     try:
         import torch
     except ImportError:
-        pass
-    else:
-        torch.set_num_threads(n)
+        return
+    torch.set_num_threads(n)
 
 
 def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
@@ -351,13 +336,11 @@ print(json.dumps({"import_s": t1 - t0, "forward_s": t2 - t1, "backward_s": t3 - 
 
 def first_call_latency() -> dict[str, dict[str, float]]:
     """Seconds to import ``layernorm.cpu`` and make the first float32 forward and backward in
-    a fresh process: ``cold`` with an empty Numba cache (it compiles), ``warm`` loading what
-    the cold run cached (what every later ``layernorm`` command pays)."""
-    with tempfile.TemporaryDirectory() as cache_dir:
-        env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
-        result = {}
-        for label in ("cold", "warm"):
-            done = subprocess.run([sys.executable, "-c", _FIRST_CALL_SCRIPT], env=env,
-                                  capture_output=True, text=True, check=True)
-            result[label] = json.loads(done.stdout)
+    a fresh process, twice: ``first`` and ``second`` (nothing is compiled at a call: the C++
+    engine was built once, by ``make``; the two differ by what the operating system caches)."""
+    result = {}
+    for label in ("first", "second"):
+        done = subprocess.run([sys.executable, "-c", _FIRST_CALL_SCRIPT], capture_output=True,
+                              text=True, check=True)
+        result[label] = json.loads(done.stdout)
     return result

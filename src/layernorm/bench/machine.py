@@ -33,7 +33,7 @@ def machine_info() -> dict[str, str]:
         "logical cpus": str(os.cpu_count()),
         "numpy": numpy.__version__,
     }
-    for mod in ("numba", "torch", "triton", "ml_dtypes", "matplotlib"):
+    for mod in ("torch", "triton", "ml_dtypes", "matplotlib"):
         try:
             info[mod] = importlib.import_module(mod).__version__
         except ImportError:

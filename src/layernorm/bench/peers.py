@@ -13,10 +13,7 @@
     measure      one case (norm, shape, dtype, mode, threads): each provider's outputs
                  compared with ours (largest absolute difference), then interleaved rounds
     run          the grid, saved as one JSON file per kind of run (``cpu-peers.json``)
-    table, plot  the table (ours over the best peer, and each peer) and a plot
-    answers      the report's first screen from a run: ours' speed per norm and mode, and what
-                 to use (:func:`advice`: a choice only at a strict majority of the shapes
-                 decided), each saying the grid it covers (:func:`scope`)
+    judging      each row's verdict against the goal (:func:`judged_against`)
 
 Every provider runs in the same grad mode on the same inputs. A peer without a kernel for a
 dtype here (onnxruntime's CPU operators take no bfloat16) is shown absent with the reason, not
@@ -32,6 +29,10 @@ round, p50 (p20-p80). A row is steady when ours and the best peer each have p80/
 :data:`layernorm.bench.results.STEADY`; only steady rows get a verdict against the goal
 (:data:`GOAL` times the best peer, judged with :func:`layernorm.bench.results.verdict`), the
 others "too noisy to tell".
+
+The run in words and a figure (the table, headlines, advice, the report's answers and
+docs/torch.md's section): :mod:`layernorm.bench.peer_report`; a Llama-shaped model end to
+end: :mod:`layernorm.bench.end_to_end`.
 """
 
 from __future__ import annotations
@@ -42,24 +43,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._table import render
 from ..family import norm as family_norm
 from . import providers, results
 from .harness import batch
 from .machine import run_meta
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-__all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "LLAMA", "MODES", "PEERS",
-           "ONNX_ROUTE", "ROUNDS", "SHAPES", "Absent", "Case", "advice", "answers",
-           "available_peers", "doc_section", "end_to_end_verdict", "figure", "format_end_to_end",
-           "judged_against", "llama_end_to_end", "load", "measure", "onnx_model", "plot", "run",
-           "scope", "summary", "table"]
+__all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "MODES", "PEERS", "ROUNDS", "SHAPES",
+           "Absent", "Case", "available_peers", "judged_against", "load", "measure",
+           "onnx_model", "run"]
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "decode": (1, 1, 4096),
@@ -380,370 +374,6 @@ def run(cases: list[Case], rounds: int, progress: Callable[[str], None] | None =
     return {"meta": meta, "rows": rows}
 
 
-def _cell(p: dict) -> str:
-    if "absent" in p:
-        return f"absent ({p['absent']})"
-    if "p50_ms" not in p:
-        return "-"
-    s = p.get("speedup")
-    text = f"{_ms(p['p50_ms'])}"
-    if s is not None:
-        text += f" ({s[0]:.2f}x: {s[1]:.2f}-{s[2]:.2f})"
-    return text
-
-
-def _ms(ms: float) -> str:
-    return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.2f} ms"
-
-
-def table(rows: list[dict], markdown: bool = True) -> str:
-    """One line per case: ours p50 (p20-p80), each peer's p50 with ours' speed over it
-    (p50: p20-p80 of per-round ratios), the largest difference of any peer's output from ours,
-    and the verdict against the goal."""
-    head = ["norm", "shape", "dtype", "mode", "thr", "ours p50 (p20-p80)",
-            *(f"{p} (ours' speed over it)" for p in PEERS), "max |diff|", "verdict"]
-    body = []
-    for r in rows:
-        ours = r["providers"].get("layernorm", {})
-        our_cell = (f"{_ms(ours['p50_ms'])} ({_ms(ours['p20_ms'])}-{_ms(ours['p80_ms'])})"
-                    if "p50_ms" in ours else _cell(ours))
-        diffs = [p["max_diff"] for k, p in r["providers"].items()
-                 if k != "layernorm" and p.get("max_diff") is not None]
-        body.append([r["norm"], f"{r['shape']} {'x'.join(map(str, r['dims']))}", r["dtype"],
-                     r["mode"], str(r["threads"]), our_cell,
-                     *(_cell(r["providers"].get(p, {})) for p in PEERS),
-                     f"{max(diffs):.1e}" if diffs else "-", r["verdict"]])
-    return render(head, body, markdown)
-
-
-def summary(rows: list[dict]) -> list[str]:
-    """Headlines: how many steady rows met the goal, and the weakest ratio over the best peer."""
-    judged = [r for r in rows if r.get("best")]
-    met = [r for r in judged if r["verdict"] == "met"]
-    missed = [r for r in judged if r["verdict"] == "missed"]
-    lines = [f"{len(met)} of {len(judged)} cases met their goal against the best peer, "
-             f"{len(missed)} missed, {len(judged) - len(met) - len(missed)} undecided "
-             f"(too noisy to tell, or within the guard band)"]
-    if judged:
-        worst = min(judged, key=lambda r: r["providers"][r["best"]]["speedup"][0])
-        s = worst["providers"][worst["best"]]["speedup"]
-        lines.append(f"weakest: {worst['norm']} {worst['shape']} {worst['dtype']} "
-                     f"{worst['mode']} {worst['threads']} thread(s): {s[0]:.2f}x "
-                     f"{worst['best']} ({s[1]:.2f}-{s[2]:.2f})")
-    return lines
-
-
-def _grid(rows: list[dict]) -> list[tuple[str, int]]:
-    """The (dtype, threads) pairs of ``rows``, sorted."""
-    return sorted({(r["dtype"], r["threads"]) for r in rows})
-
-
-def _standing(rows: list[dict], names: tuple[str, ...] = PEERS) -> dict[tuple[str, str], dict]:
-    """Per (norm, mode): each row's fastest at p50 of the peers ``names`` (every one timed,
-    whatever the row is judged against) and ours' speed over it, sorted into faster (p20 of
-    the per-round ratios above 1), slower (p80 below 1), level, and too noisy to tell (a
-    time's p80/p20 at :data:`layernorm.bench.results.STEADY` or more). Each entry is (case,
-    peer, ours' speed at p50 or None): the case is the row's shape, followed by its dtype and
-    threads where ``rows`` hold several of those."""
-    several = len(_grid(rows)) > 1
-    out: dict[tuple[str, str], dict] = {}
-    for r in rows:
-        case = f"{r['shape']} ({r['dtype']}, {r['threads']}t)" if several else r["shape"]
-        ours = r["providers"].get("layernorm", {})
-        timed = {k: v for k, v in r["providers"].items()
-                 if k in names and "p50_ms" in v and "speedup" in v}
-        if "p50_ms" not in ours or not timed:
-            continue
-        peer = min(timed, key=lambda k: timed[k]["p50_ms"])
-        s = out.setdefault((r["norm"], r["mode"]), {"faster": [], "slower": [], "level": [],
-                                                     "noisy": []})
-        if results.noisy(ours, timed[peer]):
-            s["noisy"].append((case, peer, None))
-            continue
-        p50, lo, hi = timed[peer]["speedup"]
-        s["faster" if lo > 1 else "slower" if hi < 1 else "level"].append((case, peer, p50))
-    return out
-
-
-def scope(rows: list[dict]) -> str:
-    """The grid ``rows`` cover, in words: the command that times it, its dtypes and thread
-    counts, and each shape with its extents, so that a figure quoted from it says where it
-    holds."""
-    grid = _grid(rows)
-    dtypes = list(dict.fromkeys(d for d, _ in grid))
-    threads = sorted({t for _, t in grid})
-    if len(grid) == len(dtypes) * len(threads):  # every dtype at every thread count
-        where = (f"{' and '.join(dtypes)}, {' and '.join(map(str, threads))} "
-                 f"thread{'s' if threads != [1] else ''}")
-    else:
-        where = "; ".join(f"{d}, {t} thread{'s' if t > 1 else ''}" for d, t in grid)
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    named = ", ".join(f"{s} {'x'.join(map(str, SHAPES[s]))}" if s in SHAPES else s
-                      for s in shapes)
-    return f"`layernorm bench --peers` ({where}; {len(shapes)} shapes: {named})"
-
-
-# What onnxruntime's place in the advice means for a PyTorch user.
-ONNX_ROUTE = ("`onnxruntime` means a model exported to ONNX and run in onnxruntime "
-              "(`docs/export.md`), whose norms are its fused operators; it is not a per-op "
-              "swap in a PyTorch model")
-
-
-def advice(s: dict, unit: str = "shapes") -> str:
-    """What to use for one norm and mode, from its standing (:func:`_standing`): a choice only
-    where it was faster beyond the noise at a strict majority of the shapes decided (faster,
-    slower or level; a shape too noisy to tell is not decided); "any" where no shape was
-    decided either way, or where the level shapes are that majority; otherwise "depends on
-    the shape", naming the shapes where each was faster. The too-noisy shapes follow, named.
-    ``unit`` names what the entries are: "shapes", or "cases" where they span several dtypes
-    or thread counts."""
-    wins: dict[str, list[str]] = {}
-    for shape, _, _ in s["faster"]:
-        wins.setdefault("layernorm.torch", []).append(shape)
-    for shape, peer, _ in s["slower"]:
-        wins.setdefault(peer, []).append(shape)
-    level = [shape for shape, _, _ in s["level"]]
-    decided = len(level) + sum(len(v) for v in wins.values())
-    total = decided + len(s["noisy"])
-    noisy = ", ".join(shape for shape, _, _ in s["noisy"])
-    tail = f"; too noisy to tell at {noisy}" if noisy else ""
-    if not decided:
-        return f"none named (too noisy to tell at all {total} {unit}: {noisy})"
-    ranked = sorted(wins, key=lambda k: -len(wins[k]))  # ties keep ours first
-    at = [f"`{k}` at {', '.join(wins[k])}" for k in ranked]
-    if not wins:
-        return (f"any (no {unit[:-1]} faster or slower beyond the noise; level at "
-                f"{', '.join(level)}){tail}")
-    top = ranked[0]
-    if 2 * len(wins[top]) > decided:
-        return (f"`{top}` (faster at {len(wins[top])} of {total} {unit}"
-                + "".join(f"; {a}" for a in at[1:])
-                + (f"; level at {', '.join(level)}" if level else "") + f"){tail}")
-    if 2 * len(level) > decided:
-        return (f"any (level at {len(level)} of {total} {unit}: {', '.join(level)}; "
-                + "; ".join(at) + f"){tail}")
-    return (f"depends on the shape (none was faster at most of the {decided} {unit} "
-            "decided): "
-            + "; ".join(at) + (f"; level at {', '.join(level)}" if level else "") + tail)
-
-
-def answers(rows: list[dict], e2e: dict | None = None) -> dict[str, str]:
-    """The report's first screen from one run: "faster" (per norm and mode, ours' speed over
-    the fastest peer of each shape, median and counts, noisy shapes named as such; the
-    end-to-end model) and "use" (per norm and mode, :func:`advice`; where onnxruntime is
-    named, what it applies to and the advice among the PyTorch providers alone)."""
-    standing = _standing(rows)
-    if not standing:
-        return {}
-    in_torch = _standing(rows, ("torch", "torch.compile"))
-    unit = "cases" if len(_grid(rows)) > 1 else "shapes"
-    lines, use = [], []
-    for norm in dict.fromkeys(r["norm"] for r in rows):
-        cells = []
-        for mode in MODES:
-            s = standing.get((norm, mode))
-            if s is None:
-                cells.append("not timed")
-                continue
-            steady = s["faster"] + s["slower"] + s["level"]
-            n = len(steady) + len(s["noisy"])
-            title = f"{family_norm(norm).title}, {mode}"
-            use.append(f"- {title}: {advice(s, unit)}")
-            if any(peer == "onnxruntime" for _, peer, _ in s["slower"]):
-                within = in_torch.get((norm, mode))
-                use.append(f"  - {ONNX_ROUTE}"
-                           + (f"; within PyTorch: {advice(within, unit)}" if within else ""))
-            if not steady:
-                cells.append(f"too noisy to tell at all {n} {unit}")
-                continue
-            med = float(np.median([q for _, _, q in steady]))
-            weakest = min(steady, key=lambda t: t[2])
-            text = (f"**{med:.2f}x** (faster at {len(s['faster'])}, level at "
-                    f"{len(s['level'])}, slower at {len(s['slower'])} of {n} {unit}")
-            if s["noisy"]:
-                text += f"; too noisy to tell at {len(s['noisy'])}"
-            if weakest[2] < 1:
-                text += f"; slowest {weakest[2]:.2f}x {weakest[1]} at {weakest[0]}"
-            cells.append(text + ")")
-        lines.append(f"| {family_norm(norm).title} | " + " | ".join(cells) + " |")
-    where = scope(rows)
-    faster = (
-        f"Ours (`layernorm.torch`) against the fastest of torch eager, torch.compile and "
-        f"onnxruntime at each shape, all timed in the same run of {where}: the median, over "
-        "the shapes timed steadily, of the fastest peer's time over ours, above 1 meaning ours "
-        "is faster. A shape counts as faster or slower only where the per-round ratios' "
-        "p20-p80 lies wholly on that side of 1, and not at all where a time was too noisy to "
-        "tell. onnxruntime's times are its fused operator alone, as a model exported to ONNX "
-        "runs it.\n\n"
-        "| norm | inference | training |\n|---|---|---|\n" + "\n".join(lines))
-    if e2e is not None:
-        faster += "\n\nIn a Llama-shaped model (" + "; ".join(
-            f"{task}: {e2e[task]['speedup'][0]:.2f}x, {end_to_end_verdict(task, e2e[task])}"
-            for task in ("train step", "generate")) + ")."
-    use_text = (f"From {where}, per norm and mode: ours against the fastest peer at each "
-                "shape. A choice is named only where it was faster beyond the noise at more "
-                "than half of the shapes decided (faster, slower or level; a shape too noisy "
-                "to tell is not decided); where level shapes are that majority, any will do; "
-                "otherwise it depends on the shape, and the line names the shapes where each "
-                "was faster."
-                + ("" if unit == "cases" else " Other dtypes and thread counts: "
-                   "`layernorm bench --peers --full`.")
-                + "\n\n" + "\n".join(use))
-    return {"faster": faster, "use": use_text}
-
-
-def figure(rows: list[dict]) -> Figure:
-    """Ours' speed over the fastest peer judged per case (p20-p80 bars), one panel per mode,
-    dtype and thread count, each case's goal marked. Raises ImportError without matplotlib."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    short = {"layer_norm": "LN", "rms_norm": "RMS", "add_layer_norm": "add+LN",
-             "add_rms_norm": "add+RMS"}
-    panels = sorted({(r["mode"], r["dtype"], r["threads"]) for r in rows})
-    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4.2 * len(panels)), squeeze=False,
-                             layout="constrained")
-    for ax, (mode, dtype, thr) in zip(axes[:, 0], panels, strict=True):
-        mine = [r for r in rows if (r["mode"], r["dtype"], r["threads"]) == (mode, dtype, thr)
-                and r.get("best")]
-        labels = [f"{short[r['norm']]} {r['shape']}" for r in mine]
-        s = np.array([r["providers"][r["best"]]["speedup"] for r in mine]).reshape(-1, 3)
-        xs = np.arange(len(mine))
-        ax.bar(xs, s[:, 0], color="tab:blue", alpha=0.7)
-        ax.errorbar(xs, s[:, 0], yerr=[s[:, 0] - s[:, 1], s[:, 2] - s[:, 0]], fmt="none",
-                    ecolor="black", capsize=2)
-        ax.scatter(xs, [r["goal"] for r in mine], marker="_", s=120, color="tab:red",
-                   zorder=3, label="goal (decode: against torch eager)")
-        ax.axhline(1.0, color="gray", linewidth=0.8)
-        ax.set_xticks(xs, labels, fontsize=7, rotation=50, ha="right", rotation_mode="anchor")
-        ax.set_ylabel("peer's time / ours")
-        ax.set_title(f"{mode}, {dtype}, {thr} thread{'s' if thr > 1 else ''}: ours against "
-                     f"the fastest peer judged", fontsize=10)
-        ax.legend(fontsize=8)
-    return fig
-
-
-def plot(rows: list[dict], path: Path) -> Path:
-    """:func:`figure` saved as a PNG at ``path``; returns ``path``. Raises ImportError without
-    matplotlib."""
-    fig = figure(rows)
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-# --- end to end ---------------------------------------------------------------------------
-
-# A Llama-shaped model small enough for a CPU run: the norms' share of its time is what a
-# larger one's would be per token (two RMSNorms a block around attention and an MLP).
-LLAMA = {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
-         "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 8000,
-         "max_position_embeddings": 512}
-TRAIN_BATCH = (4, 128)  # sequences, tokens each: one training step
-PROMPT, NEW_TOKENS = 16, 32  # greedy generation
-
-
-def llama_end_to_end(rounds: int = ROUNDS, threads: int | None = None) -> dict:
-    """A Llama-shaped model built from a config (random weights, no download), timed with
-    torch's norms and with ours (``replace_norms`` on a copy), interleaved: one training step
-    (forward, loss, backward) and greedy generation of NEW_TOKENS tokens. Returns per task and
-    model p50/p20/p80 ms, ours' speed over torch's (p50: p20-p80 of per-round ratios), the
-    largest difference of the logits and whether the generated tokens are the same."""
-    import copy
-
-    import torch
-    import transformers
-
-    import layernorm.torch as lt
-
-    if threads is not None:
-        torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(**LLAMA)
-    theirs = transformers.LlamaForCausalLM(cfg).eval()
-    ours = copy.deepcopy(theirs)
-    swapped = lt.replace_norms(ours)
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, cfg.vocab_size, TRAIN_BATCH, generator=g)
-    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g)
-
-    def train(model):
-        def step():
-            model.zero_grad(set_to_none=True)
-            model(input_ids=tokens, labels=tokens).loss.backward()
-        return step
-
-    def generate(model):
-        def run():
-            with torch.no_grad():
-                return model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                      min_new_tokens=NEW_TOKENS)
-        return run
-
-    with torch.no_grad():
-        logit_diff = float((ours(tokens).logits - theirs(tokens).logits).abs().max())
-    same_tokens = bool(torch.equal(generate(ours)(), generate(theirs)()))
-    out: dict = {"config": LLAMA, "train_batch": list(TRAIN_BATCH), "prompt": PROMPT,
-                 "new_tokens": NEW_TOKENS, "norms_swapped": swapped,
-                 "threads": torch.get_num_threads(), "max_logit_diff": logit_diff,
-                 "same_tokens": same_tokens}
-    for task, make in (("train step", train), ("generate", generate)):
-        calls = {"torch": make(theirs), "layernorm": make(ours)}
-        for fn in calls.values():
-            fn()
-        times: dict[str, list[float]] = {k: [] for k in calls}
-        for r in range(rounds):
-            for k in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
-                time.sleep(PAUSE_S)
-                times[k].append(batch(calls[k], 1))
-        ratio = np.array(times["torch"]) / np.array(times["layernorm"])
-        out[task] = {k: [float(q) * 1e3 for q in np.percentile(v, [50, 20, 80])]
-                     for k, v in times.items()}
-        out[task]["speedup"] = [float(q) for q in np.percentile(ratio, [50, 20, 80])]
-    return out
-
-
-def end_to_end_verdict(task: str, timed: dict) -> str:
-    """Goals: the training step faster with our norms (p20 of ours' speed above 1),
-    generation never slower (p80 not below 1); no verdict where either model's times were
-    unsteady (``timed``: a task of :func:`llama_end_to_end`)."""
-    wide = results.noisy(*({"p20_ms": timed[k][1], "p80_ms": timed[k][2]}
-                           for k in ("torch", "layernorm")))
-    if wide:
-        return wide
-    _p50, lo, hi = timed["speedup"]
-    if task == "train step":
-        return "faster: met" if lo > 1 else "slower: missed" if hi < 1 else "within the noise"
-    return "slower: missed" if hi < 1 else "not slower: met"
-
-
-def format_end_to_end(e2e: dict) -> str:
-    """The end-to-end result as a Markdown table and a line on the outputs."""
-    rows = []
-    for task in ("train step", "generate"):
-        t = e2e[task]
-        s = t["speedup"]
-        rows.append([task, f"{t['torch'][0]:.1f} ms ({t['torch'][1]:.1f}-{t['torch'][2]:.1f})",
-                     f"{t['layernorm'][0]:.1f} ms ({t['layernorm'][1]:.1f}-"
-                     f"{t['layernorm'][2]:.1f})", f"{s[0]:.2f}x ({s[1]:.2f}-{s[2]:.2f})",
-                     end_to_end_verdict(task, t)])
-    c = e2e["config"]
-    head = (f"Llama-shaped model from a config (hidden {c['hidden_size']}, "
-            f"{c['num_hidden_layers']} layers, vocabulary {c['vocab_size']}; random weights), "
-            f"{e2e['threads']} thread(s), {e2e['norms_swapped']} norms swapped: a training step "
-            f"on {e2e['train_batch'][0]}x{e2e['train_batch'][1]} tokens and greedy generation "
-            f"of {e2e['new_tokens']} tokens after {e2e['prompt']}, interleaved rounds. Logits "
-            f"differ by at most {e2e['max_logit_diff']:.1e}; generated tokens "
-            + ("identical" if e2e["same_tokens"] else "DIFFER") + ".\n\n")
-    return head + render(["task", "torch's norms", "ours", "ours' speed (p20-p80)", "goal"],
-                         rows, True)
-
-
 def load(path: Path) -> dict:
     """A run saved by ``layernorm bench --peers``: ``{"meta", "rows"}`` and, where the
     end-to-end model ran, ``"end_to_end"``."""
@@ -752,22 +382,3 @@ def load(path: Path) -> dict:
             "meta", "rows", "end_to_end"}:
         raise ValueError(f"{path}: not a result of layernorm bench --peers")
     return result
-
-
-def doc_section(result: dict) -> str:
-    """What docs/torch.md shows of a saved run: per dtype and thread count the headlines, then
-    the table of every case, one per dtype and thread count (tests/test_docs.py checks the
-    document against the file with this function)."""
-    rows = result["rows"]
-    for r in rows:  # the verdicts by this version's rules, not the file's
-        _judge(r)
-    groups = sorted({(r["dtype"], r["threads"]) for r in rows}, key=lambda k: (k[0], -k[1]))
-    parts = []
-    for dtype, thr in groups:
-        mine = [r for r in rows if r["dtype"] == dtype and r["threads"] == thr]
-        parts.append(f"**{dtype}, {thr} thread{'s' if thr > 1 else ''}**\n\n"
-                     + "\n".join(f"- {line}" for line in summary(mine)) + "\n\n"
-                     + table(mine))
-    if "end_to_end" in result:
-        parts.append(format_end_to_end(result["end_to_end"]))
-    return "\n\n".join(parts)

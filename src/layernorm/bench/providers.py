@@ -2,12 +2,12 @@
 
     (norm, "numpy")  the NumPy reference (:mod:`layernorm.reference`); in float64 it is also
                      the oracle every provider is checked against
-    (norm, "fused")  the fused Numba kernels of :mod:`layernorm.cpu`, outputs reused through
-                     ``out=``
+    (norm, "fused")  the fused kernels of :mod:`layernorm.cpu` (the C++ engine), outputs
+                     reused through ``out=``
     (norm, "torch")  PyTorch's CPU functions with autograd (eager): ``F.layer_norm`` or
                      ``F.rms_norm``, after ``h = x + residual`` for an add-norm
     (norm, "layernorm.torch")  this package's PyTorch API with autograd (:mod:`layernorm.torch`:
-                     the fused Numba kernels behind torch's autograd)
+                     the C++ engine behind torch's autograd)
     (norm, "torch.compile")    ``torch.compile`` (inductor, the default backend) of the same
                      eager function ``torch`` times, compiled once in setup for the case's
                      shape and dtype; absent where compiling fails on this machine
@@ -256,8 +256,8 @@ def _compile_probe() -> str | None:
 # backend -> (the module that must import, setup(norm, inputs), probe or None)
 _BACKEND_SETUP = {
     "numpy": ("numpy", _numpy, None),
-    "fused": ("numba", _fused, None),
-    "fused-me": ("numba", functools.partial(_fused, memory_efficient=True), None),
+    "fused": ("torch", _fused, None),
+    "fused-me": ("torch", functools.partial(_fused, memory_efficient=True), None),
     "layernorm.torch": ("layernorm.torch", functools.partial(_autograd, ours), None),
     "layernorm.torch-me": ("layernorm.torch", functools.partial(
         _autograd, functools.partial(ours, memory_efficient=True)), None),

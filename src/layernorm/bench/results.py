@@ -20,7 +20,7 @@
     headlines                 one Markdown line per implementation: the number behind its verdict
     bandwidth_figure, plot_bandwidth  GB/s (p20-p80 bars) per case, backend and pass, with the
                               copy and the goals
-    format_latency            the first-call latency of a fresh process, cold and warm
+    format_latency            the first-call latency of two fresh processes
     n_threads, regime_note    "1 thread", "2 threads"; what the regimes mean, in words
 
 Regimes. A fraction of copy compares a pass with a copy of the same size, and is a judgement of
@@ -96,10 +96,10 @@ JUDGED_REGIMES = (IN_CACHE, DRAM)  # where pass and copy move their data through
 # (3/4)/(2/3) = 1.125 of copy, the most in the family; a fraction of copy moves by up to 12%
 # from run to run (module doc). Above 1.125 * 1.12 ~ 1.25 no pass is as fast as measured.
 FRACTION_MARGIN = 1.25
-# A parallel call of the copy costs about 7 us here with nothing to copy (Numba's dispatch
-# and OpenMP's fork and join); under 50 us a seventh of the copy's time or more is overhead,
-# and more of the passes' (several calls each for torch's autograd): no time measures
-# bandwidth.
+# A parallel call of the copy costs several microseconds here with nothing to copy (the op's
+# dispatch and OpenMP's fork and join); under 50 us a seventh of the copy's time or more is
+# overhead, and more of the passes' (several calls each for torch's autograd): no time
+# measures bandwidth.
 OVERHEAD_S = 50e-6
 # Cores other processes may use beyond those our threads leave free. A quiet machine shows
 # 0.00-0.01 over a case's rounds here; a tenth of a core is 5 ms of every 50 ms batch, about

@@ -1,9 +1,9 @@
 """``layernorm bench``: time the family's implementations against this machine's copy bandwidth.
 
 Norms: every member of the family (``--norm`` picks). Implementations (``--impl`` picks; by
-default every one that runs here): the NumPy reference (``numpy``), the fused Numba kernels
-of :mod:`layernorm.cpu` (``fused``, outputs reused through ``out=``), this package's PyTorch
-API with autograd (``layernorm.torch``), PyTorch's CPU functions with autograd (``torch``:
+default every one that runs here): the NumPy reference (``numpy``), the C++ engine's fused
+kernels of :mod:`layernorm.cpu` (``fused``, outputs reused through ``out=``), this package's
+PyTorch API with autograd (``layernorm.torch``), PyTorch's CPU functions with autograd (``torch``:
 ``F.layer_norm`` or ``F.rms_norm``, after ``x + residual`` for an add-norm) and the same
 function under ``torch.compile`` (``torch.compile``: inductor, compiled once per case before
 the timing; left out, with the reason, where compiling fails here). Each is checked against
@@ -39,7 +39,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..bench import gpu, peers, providers, results
+from ..bench import end_to_end, gpu, peer_report, peers, providers, results
 from ..bench.harness import STANDARD_SHAPES, Case, first_call_latency, run_bench, set_threads
 from ..dtypes import NAMES
 from . import count, shape, usage_error, writable
@@ -100,8 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="norm (repeatable; default: every norm of the family)")
     parser.add_argument("--impl", action="append", choices=providers.BACKENDS,
                         help="implementation (repeatable; default: every one that runs here)")
-    parser.add_argument("--threads", type=count, help="threads for Numba and PyTorch "
-                        "(default: Numba's default, all cores)")
+    parser.add_argument("--threads", type=count, help="threads for PyTorch, on which the "
+                        "engine runs (default: PyTorch's default, all cores)")
     parser.add_argument("--rounds", type=count, help="rounds of interleaved batches "
                         "(default 9, 5 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter batches")
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         try:
             set_threads(args.threads)
-        except ValueError as exc:  # more than Numba's NUMBA_NUM_THREADS
+        except (ValueError, RuntimeError) as exc:  # a count torch refuses
             return usage_error(PROG, f"argument --threads: {exc}")
     norms = args.norm or providers.norms()
     missing = _not_runnable(norms[0], args.impl or list(providers.BACKENDS))
@@ -212,7 +212,7 @@ def _end_to_end(result: dict, rounds: int, threads: int) -> dict | None:
         import transformers  # noqa: F401
     except ImportError:
         return None
-    result["end_to_end"] = peers.llama_end_to_end(rounds, threads)
+    result["end_to_end"] = end_to_end.llama_end_to_end(rounds, threads)
     return result["end_to_end"]
 
 
@@ -251,13 +251,13 @@ def run_peers(args: argparse.Namespace) -> int:
     progress.done()
     print(f"layernorm bench --peers: {len(cases)} cases, {rounds} rounds each; ours' speed "
           f"over a peer is its time over ours (p50: p20-p80 of per-round ratios)\n")
-    print(peers.table(result["rows"]))
-    print("\n" + "\n".join(f"- {line}" for line in peers.summary(result["rows"])))
+    print(peer_report.table(result["rows"]))
+    print("\n" + "\n".join(f"- {line}" for line in peer_report.summary(result["rows"])))
     e2e = _end_to_end(result, rounds, max(threads))
     if e2e is None:
         print(f"{PROG}: end to end left out: transformers is not installed", file=sys.stderr)
     else:
-        print("\n" + peers.format_end_to_end(e2e))
+        print("\n" + end_to_end.format_end_to_end(e2e))
     name = "cpu-peers-full.json" if args.full else "cpu-peers.json"
     out = results.save(result, args.out or results.RUNS_DIR / name)
     print(f"\nsaved {out}")
@@ -274,10 +274,11 @@ def peers_report_section(ctx: object) -> Section:
     result = peers.run(cases, 3 if ctx.quick else peers.ROUNDS, progress)
     progress.done()
     rows = result["rows"]
-    plot = _plot(peers.plot, rows, ctx.outdir / "bench_peers.png", "ours against the best peer")
+    plot = _plot(peer_report.plot, rows, ctx.outdir / "bench_peers.png",
+                 "ours against the best peer")
     left = [f"`{k}` ({v})" for k, v in result["meta"]["peers"].items() if v is not None]
-    grid = f"{peers.scope(rows)}, inference and training"
-    first, *rest = peers.summary(rows)
+    grid = f"{peer_report.scope(rows)}, inference and training"
+    first, *rest = peer_report.summary(rows)
     heads = [f"{grid}: {first}", *rest]
     e2e = _end_to_end(result, 3 if ctx.quick else peers.ROUNDS, min(2, os.cpu_count() or 1))
     results.save(result, ctx.outdir / "bench_peers.json")
@@ -285,9 +286,9 @@ def peers_report_section(ctx: object) -> Section:
     if e2e is not None:
         heads.append("end to end, a Llama-shaped model with its norms swapped (the same "
                      "command): " + "; ".join(
-            f"{task} {peers.end_to_end_verdict(task, e2e[task])} "
+            f"{task} {end_to_end.end_to_end_verdict(task, e2e[task])} "
             f"({e2e[task]['speedup'][0]:.2f}x)" for task in ("train step", "generate")))
-        e2e_text = peers.format_end_to_end(e2e) + "\n\n"
+        e2e_text = end_to_end.format_end_to_end(e2e) + "\n\n"
     body = (
         "`layernorm.torch` (through its public functions, with their checks) against what a "
         "PyTorch user already has: torch eager (`F.layer_norm`, `F.rms_norm`, after "
@@ -306,8 +307,8 @@ def peers_report_section(ctx: object) -> Section:
         + f"The grid: {grid}. The full grid (bfloat16, 1 thread): "
         "`layernorm bench --peers --full`.\n\n"
         + e2e_text + plot + "\n\n"
-        + folded(f"All {len(rows)} cases of {grid}", peers.table(rows)) + "\n")
-    answers = peers.answers(rows, e2e)
+        + folded(f"All {len(rows)} cases of {grid}", peer_report.table(rows)) + "\n")
+    answers = peer_report.answers(rows, e2e)
     if "use" in answers:
         answers["use"] += (
             f"\n\nThis advice covers the shapes above only. The [CPU kernels and bandwidth]"
@@ -380,7 +381,8 @@ def report_section(ctx: object) -> Section:
                f"the peers' grid: [CPU versus peers]({anchor('CPU versus peers')}))",
                *heads]
     body = (
-        f"Fused Numba kernels (`layernorm.cpu`) and this package's PyTorch API on them "
+        f"The fused kernels of the C++ engine (`layernorm.cpu`) and this package's PyTorch API "
+        f"on them "
         f"(`layernorm.torch`, with autograd) for every norm of the family, against the NumPy "
         f"reference, PyTorch's CPU functions with autograd (`torch`: `F.layer_norm`, "
         f"`F.rms_norm`, after `x + residual` for the add-norms) and the same functions under "
@@ -415,8 +417,8 @@ def report_section(ctx: object) -> Section:
            f"`memory_efficient=True`, xhat recovered from y): its time over the default "
            f"mode's (p50 and p20-p80 of per-round ratios); goal <= {results.ME_GOAL:.2f}x."
            f"\n\n{me}" if (me := results.me_table(rows, markdown=True)) else "")
-        + ("" if latency is None else "\n\nCompiled kernels are cached on disk; "
-           + results.format_latency(latency) + ".")
+        + ("" if latency is None else "\n\nNothing is compiled at a call (the C++ engine is "
+           "built once per machine); " + results.format_latency(latency) + ".")
         + f"\n\n{plot}\n\n"
         + folded(f"All rows ({shapes})", results.format_table(rows, markdown=True)) + "\n"
     )

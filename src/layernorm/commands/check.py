@@ -3,7 +3,7 @@
 For each norm of the family (``--norm``, repeatable; default all): float64 gradients by
 finite differences (:func:`layernorm.check_vjp`, fast mode, and full mode on the small
 shapes); each lower precision against the float64 reference on the same rounded inputs; the
-fused CPU kernels (when numba imports) against the reference in every dtype, all with the
+fused CPU kernels (where the C++ engine runs) against the reference in every dtype, all with the
 tolerances of :mod:`layernorm.tolerances`. One shape's rows use zero-centred gamma (the
 scale column says 1+gamma). The checks are :func:`layernorm.selfcheck.run_checks`; exit
 status 1 if any fails, 2 for a command-line mistake.
@@ -94,7 +94,8 @@ def report_section(ctx: object) -> Section:
         kinds = {r.method.split(" (")[0] for r in rows}
         fused = ("and the fused CPU kernels agree with the reference in every dtype"
                  if "fused CPU vs reference" in kinds else
-                 "(the fused CPU kernels were not checked: numba is not installed)")
+                 "(the fused CPU kernels were not checked: the C++ engine is not available "
+                 "here)")
         right = (f"**Yes, in every check run here.** All {len(rows)} checks of {norms} "
                  "passed: the hand-derived backward agrees with central finite differences in "
                  f"float64 (errors at most {err:.1e}, tolerances at least {tol:.1e}), every "

@@ -31,7 +31,7 @@ COMMANDS: dict[str, str] = {
 }
 
 # The extras' packages: a command that needs one that is missing says which, in one line.
-OPTIONAL = {"numba": "fast", "torch": "torch", "triton": "gpu", "matplotlib": "dev",
+OPTIONAL = {"torch": "torch", "triton": "gpu", "matplotlib": "dev",
             "mpmath": "dev", "ml_dtypes": "fast", "transformers": "dev"}
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :func:`name` -> name

@@ -2,19 +2,12 @@
 names and signatures, plus ``out=``, computed in one parallel pass over the rows.
 
 The kernels are the C++ engine's (``layernorm/torch/csrc``, the arrays handed over as tensors
-on the same memory); where torch or the engine is missing, the Numba kernels of ``kernels``.
-``api`` holds the checked functions, ``module`` the stateful modules; ``dir(layernorm.cpu)``
-lists the public API, ``__all__``, only. docs/cpu-kernels.md
-explains the design and its measurements.
+on the same memory, which needs torch: the extra ``fast``); where torch or the engine is
+missing, ``fallback`` computes the same outputs with the reference's arithmetic, and one warning
+says so. ``api`` holds the checked functions, ``module`` the stateful modules, ``statistics``
+the per-row statistics' layout; ``dir(layernorm.cpu)`` lists the public API, ``__all__``, only.
+docs/cpu-kernels.md explains the design and its measurements.
 """
-
-try:
-    import numba  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised only without numba
-    raise ImportError(
-        "layernorm.cpu needs numba: from a checkout, pip install -e '.[fast]' "
-        "(make test installs it)"
-    ) from exc
 
 from .api import (
     CpuNormCache,
@@ -28,8 +21,8 @@ from .api import (
     rms_norm_backward,
     rms_norm_forward,
 )
-from .kernels import HI, LO, NSTATS, RSTD, SCALE, n_chunks  # noqa: F401 - CpuNormCache.stats' columns
 from .module import LayerNorm, RMSNorm
+from .statistics import HI, LO, NSTATS, RSTD, SCALE  # noqa: F401 - CpuNormCache.stats' columns
 
 __all__ = [
     "CpuNormCache",
@@ -48,6 +41,6 @@ __all__ = [
 
 
 def __dir__() -> list[str]:
-    """The public API only; numba, the submodules and the kernels' constants stay reachable
-    as attributes (``layernorm.cpu.kernels``, ``layernorm.cpu.NSTATS``) but are not listed."""
+    """The public API only; the submodules and the statistics' columns stay reachable as
+    attributes (``layernorm.cpu.statistics``, ``layernorm.cpu.NSTATS``) but are not listed."""
     return sorted(__all__)

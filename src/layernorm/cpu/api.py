@@ -1,13 +1,14 @@
-"""The NumPy-facing API of the fused CPU kernels: argument checks, storage views, ``out=``.
+"""The NumPy-facing API of the fused CPU kernels: argument checks, caches, ``out=``.
 
 The kernels are the C++ engine's (:func:`_engine`: ``forward_into`` and ``backward_into`` on
-the arrays as tensors, torch's threads), or where torch or the engine is missing the Numba
-kernels (:mod:`.entry`, the package's own thread pool).
+the arrays as tensors on the same memory, torch's threads); where torch or the engine is
+missing, the same two entry points in NumPy (:mod:`.fallback`, the reference's arithmetic),
+with one warning.
 
 Same maths, signatures and results as :mod:`layernorm.reference` (within the tolerance table);
-only the caches differ. Each function checks its arguments, views each array as the kernels'
-storage (float16 and bfloat16 as their bits), runs one kernel and hands back arrays of the
-caller's dtypes. The caller's arrays are never written; ``out=`` arrays must not overlap them.
+only the caches differ. Each function checks its arguments, makes each array C-contiguous, runs
+one kernel and hands back arrays of the caller's dtypes. The caller's arrays are never written;
+``out=`` arrays must not overlap them.
 
 Two caches: :class:`CpuNormCache` (the default) refers to x and the backward recomputes xhat
 from it; :class:`CpuOutputCache` (``memory_efficient=True``) keeps y, returned read-only, and
@@ -22,7 +23,6 @@ import functools
 import warnings
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from .._validate import (
@@ -41,9 +41,8 @@ from ..dtypes import compute_dtype, widest_compute_dtype
 from ..family import NORMS, Norm
 from ..recovery import kept_channels, kept_rows
 from ..reference import form_scale
-from . import entry, kernels, memory
-from .entry import pointer
-from .kernels import HI, LO, NSTATS, RSTD, SCALE
+from . import fallback, memory, statistics
+from .statistics import NSTATS
 
 __all__ = [
     "CpuNormCache",
@@ -60,20 +59,19 @@ __all__ = [
 
 
 class _RowStats:
-    """The per-row statistics both caches keep, read as the reference's."""
+    """The per-row statistics both caches keep (:mod:`.statistics`), read as the reference's."""
 
     stats: np.ndarray
 
     @property
     def mean(self) -> np.ndarray:
         """(M,) float64 row means (HI + LO rounded to float64, unscaled; 0 for RMSNorm)."""
-        s = self.stats
-        return (s[:, HI] + s[:, LO]) / s[:, SCALE]
+        return statistics.mean(self.stats)
 
     @property
     def rstd(self) -> np.ndarray:
         """(M,) float64 1/sqrt(var + eps) (LayerNorm) or 1/sqrt(mean(x²) + eps) (RMSNorm)."""
-        return self.stats[:, RSTD] * self.stats[:, SCALE]
+        return statistics.rstd(self.stats)
 
 
 @dataclass(frozen=True)
@@ -82,9 +80,10 @@ class CpuNormCache(_RowStats):
 
     Attributes:
         norm: the family member (:data:`layernorm.family.NORMS`) that ran.
-        x: (M, D) the normalized input as the kernels store it: the caller's own memory when
-            x was C-contiguous (h, the forward's output, for an add-norm), else a copy.
-        stats: (M, NSTATS) float64 per row: the mean as HI + LO (0 for RMSNorm), RSTD and SCALE.
+        x: (M, D) the normalized input: the caller's own memory when x was C-contiguous (h,
+            the forward's output, for an add-norm), else a copy.
+        stats: (M, NSTATS) float64 per row (:mod:`.statistics`): the mean as HI + LO (0 for
+            RMSNorm), RSTD and SCALE.
         check: (M,) uint64 per row: a checksum of x's bits. The backward recomputes it and
             raises ValueError if x changed in between, rather than differentiate a forward
             that did not run (``out=`` arrays may be partly written by then). (0,) for a
@@ -132,9 +131,8 @@ class CpuOutputCache(_RowStats):
 
     Attributes:
         norm: the family member (:data:`layernorm.family.NORMS`) that ran.
-        y: (M, D) the forward's output as the kernels store it (float16/bfloat16 as their
-            bits), a read-only view of the y returned: the array the next layer keeps anyway,
-            so it is not counted in ``nbytes``.
+        y: (M, D) a read-only view of the forward's output y: the array the next layer keeps
+            anyway, so it is not counted in ``nbytes``.
         stats: (M, NSTATS) float64 per row, as in :class:`CpuNormCache` (rstd = RSTD * SCALE).
         scale: (D,) gamma (or 1 + gamma) in T, a copy (ones without gamma).
         shift: (D,) beta in T, a copy (zeros for RMSNorm or without beta).
@@ -179,19 +177,10 @@ class CpuOutputCache(_RowStats):
 _CACHES = (CpuNormCache, CpuOutputCache)
 
 
-_BITS = {"float16": np.uint16, "bfloat16": np.int16}  # half dtypes travel as their bits
-
-
 @functools.cache
 def _name(dtype: np.dtype) -> str:
     """``dtype.name``, which NumPy forms anew on every access (microseconds a call)."""
     return dtype.name
-
-
-def _storage(a: np.ndarray) -> np.ndarray:
-    """C-contiguous ``a`` as the kernels read it: float16/bfloat16 viewed as their bits."""
-    bits = _BITS.get(_name(a.dtype))
-    return a if bits is None else a.view(bits)
 
 
 def _contiguous(a: np.ndarray, dtype: np.dtype | None = None) -> tuple[np.ndarray, bool]:
@@ -203,22 +192,23 @@ def _contiguous(a: np.ndarray, dtype: np.dtype | None = None) -> tuple[np.ndarra
     return np.ascontiguousarray(a, dtype=dtype), True
 
 
-def _none(m: int, dtype: np.dtype) -> np.ndarray:
-    """An (M, 0) stand-in for an absent (M, D) array: its rows are empty."""
-    return np.empty((m, 0), dtype)
-
-
 @functools.cache
 def _engine():
     """The C++ engine's entry points (``torch.ops.layernorm_cpu``), or None where torch or the
-    engine is missing (then the Numba kernels run). Imported at the first call: importing
-    torch costs a second or so, and ``import layernorm`` needs NumPy alone."""
+    engine is missing: then :mod:`.fallback` runs, and one warning says so (where torch is
+    present but the engine could not be built, :mod:`layernorm.torch._native` warned).
+    Imported at the first call: importing torch costs a second or so, and ``import layernorm``
+    needs NumPy alone."""
     global _torch
     try:
         import torch
 
         from ..torch import _ops
-    except ImportError:
+    except ImportError as exc:
+        warnings.warn(f"layernorm.cpu: the C++ engine needs torch ({exc.name or exc} could not "
+                      "be imported): the NumPy fallback computes instead, on one thread and "
+                      "many times slower; pip install 'layernorm[fast]' for the engine",
+                      RuntimeWarning, stacklevel=4)
         return None
     if not _ops.NATIVE:
         return None
@@ -229,6 +219,14 @@ def _engine():
 _torch = None  # the torch module, once _engine() found the engine
 
 
+def engine_runs() -> bool:
+    """Whether the C++ engine computes this API's results here (else the NumPy fallback, the
+    reference's arithmetic); asks without warning where torch is not installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None and _engine() is not None
+
+
 # A call with fewer elements runs on the calling thread (the engine's threads wake in a few
 # microseconds; a row of 4096 float32 is half a microsecond of arithmetic).
 SERIAL_ELEMENTS = 1 << 14
@@ -236,15 +234,14 @@ SERIAL_ELEMENTS = 1 << 14
 
 def threads() -> int:
     """The threads a call of the NumPy API may use: torch's, ``torch.set_num_threads``, where
-    the engine runs; else Numba's setting for the calling thread, ``numba.set_num_threads``,
-    on a pool of this package's own."""
+    the engine runs; else 1 (the fallback runs on the calling thread)."""
     if _engine() is not None:
         return _torch.get_num_threads()
-    return numba.get_num_threads()
+    return 1
 
 
 def _tensor(a: np.ndarray | None):
-    """``a`` as a tensor on the same memory (float16 and bfloat16 from their bits), or None."""
+    """``a`` as a tensor on the same memory, or None."""
     if a is None:
         return None
     if not a.flags.writeable:  # read by the engine only; torch warns of any read-only array
@@ -255,11 +252,8 @@ def _tensor(a: np.ndarray | None):
 
 
 def _from_numpy(a: np.ndarray):
-    name = _name(a.dtype)
-    if name == "uint16":  # float16 bits
-        return _torch.from_numpy(a.view(np.float16))
-    if name == "int16":  # bfloat16 bits
-        return _torch.from_numpy(a).view(_torch.bfloat16)
+    if _name(a.dtype) == "bfloat16":  # ml_dtypes' bfloat16, which torch does not know: its bits
+        return _torch.from_numpy(a.view(np.int16)).view(_torch.bfloat16)
     return _torch.from_numpy(a)
 
 
@@ -293,7 +287,7 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
         residual = check_shape(residual, "residual", x.shape, "x")
         h_dtype = check_dtype(residual_dtype, "residual_dtype", x.dtype)
     cdt = compute_dtype(h_dtype if norm.residual else x.dtype)
-    eps = check_eps(eps, cdt)
+    eps = check_eps(eps)
     checksum = checksum and not memory_efficient  # x is not kept: nothing to verify
     # the caller's objects, and the arrays made of them (an array-like's memory is only
     # visible through its array)
@@ -301,37 +295,25 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
     y = _output(out, "out", x.shape, x.dtype, callers, _OVERLAP)
     xc, copied = _contiguous(x)
     m = xc.size // d
-    x2 = _storage(xc).reshape(m, d)  # (M, D)
+    x2 = xc.reshape(m, d)  # (M, D)
     scale = np.ones(d, cdt) if gamma is None else form_scale(gamma, cdt, zero_centered_gamma)
     beta_c = np.zeros(d, cdt) if beta is None else _contiguous(beta, cdt)[0]  # (D,)
-    h = None
+    h = r2 = h2 = None
     if norm.residual:
         h = _output(out_h, "out_h", x.shape, h_dtype, (*callers, y), _OVERLAP)
-        r2 = _storage(_contiguous(residual)[0]).reshape(m, d)  # (M, D)
-        h2 = _storage(h).reshape(m, d)  # (M, D)
-        zp = widest_compute_dtype(x.dtype, residual.dtype, h_dtype).type(0)
-    else:
-        r2 = h2 = _none(m, x2.dtype)
-        zp = cdt.type(0)
+        r2 = _contiguous(residual)[0].reshape(m, d)  # (M, D)
+        h2 = h.reshape(m, d)  # (M, D)
     stats = np.empty((m, NSTATS))  # (M, NSTATS) float64
     check = np.empty(m if checksum else 0, np.uint64)  # (M,), or (0,) without checksums
-    y2 = _storage(y).reshape(m, d)
-    key = entry.forward_key(_name(x2.dtype), _name(r2.dtype) if norm.residual else None,
-                            _name(h2.dtype) if norm.residual else None, _name(cdt),
-                            _name(zp.dtype))
-    flags = (kernels.CENTRED if norm.centred else 0) | (kernels.CHECKSUM if checksum else 0)
+    y2 = y.reshape(m, d)
     ops = _engine()
     if m and ops is not None:
-        ops.forward_into(_tensor(x2), _tensor(r2) if norm.residual else None, _tensor(scale),
-                         _tensor(beta_c), eps, norm.centred, _tensor(y2),
-                         _tensor(h2) if norm.residual else None, _tensor(stats),
-                         _tensor(check) if checksum else None, SERIAL_ELEMENTS)
+        t = _tensor
+        ops.forward_into(t(x2), t(r2), t(scale), t(beta_c), eps, norm.centred, t(y2), t(h2),
+                         t(stats), t(check) if checksum else None, SERIAL_ELEMENTS)
     elif m:
-        entry.run(entry.ctypes_fn(key),
-                  (pointer(x2), pointer(r2), pointer(h2), pointer(y2), 0, 0, pointer(scale),
-                   pointer(beta_c), eps, flags, pointer(stats), pointer(check), m, d,
-                   r2.shape[1], d, d, m, check.shape[0]),
-                  m, m * d, threads())
+        fallback.forward_into(x2, r2, scale, beta_c, eps, norm.centred, y2, h2, stats,
+                              check if checksum else None)
     params = dict(
         norm=norm, stats=stats, scale=scale,
         gamma_dtype=None if gamma is None else gamma.dtype,
@@ -341,12 +323,8 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
         inputs=tuple(r for r in map(region, callers) if r is not None),
     )
     if memory_efficient:
-        keep = kept_channels(scale, beta_c, x.dtype, d)  # (k,) int64
-        # the shift as the kernel read it (T); rstd = RSTD * SCALE in float64
-        rows = kept_rows(stats[:, RSTD] * stats[:, SCALE], eps, beta_c, keep)  # (r,) int64
         xn = (h if norm.residual else xc).reshape(m, d)  # (M, D) what was normalized
-        kept = _xhat_of(xn[:, keep], stats, cdt)  # (M, k)
-        xrows = _xhat_of(xn[rows], stats[rows], cdt)  # (r, D)
+        keep, kept, rows, xrows = kept_xhat(xn, stats, scale, beta_c, eps, x.dtype)
         y.flags.writeable = False  # the backward reads it: a change would go unnoticed
         y2.flags.writeable = False
         return y, h, CpuOutputCache(y=y2, shift=beta_c.copy() if beta_c is beta else beta_c,
@@ -356,15 +334,24 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
     return y, h, cache
 
 
-def _xhat_of(xs: np.ndarray, stats: np.ndarray, cdt: np.dtype) -> np.ndarray:
-    """(n, c) xhat of xs (n, c), values of n rows of what was normalized, with those rows'
-    statistics (n, NSTATS), as the kernels define it: ((x * SCALE - HI) - LO) * RSTD per
-    row, in float64 from the statistics, rounded once to ``cdt``; C-contiguous."""
-    xk = xs.astype(np.float64)  # (n, c)
-    s = stats[:, :, None]  # (n, NSTATS, 1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        xhat = (((xk * s[:, SCALE]) - s[:, HI]) - s[:, LO]) * s[:, RSTD]  # (n, c) float64
-    return np.ascontiguousarray(xhat, dtype=cdt)
+def kept_xhat(xn: np.ndarray, stats: np.ndarray, scale: np.ndarray, shift: np.ndarray,
+              eps: float, y_dtype: object) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                    np.ndarray]:
+    """What the memory-efficient mode keeps beside y: (keep, kept, rows, xrows).
+
+    keep (k,) int64, the channels whose xhat y (stored in ``y_dtype``) cannot give back
+    (:func:`layernorm.recovery.kept_channels` of the scale and shift (D,) in the compute dtype
+    T), and kept (M, k) their xhat in T; rows (r,) int64, the rows kept whole
+    (:func:`layernorm.recovery.kept_rows` of each row's rstd, eps, the shift and keep), and
+    xrows (r, D) their xhat in T; both xhat from the forward's statistics (M, NSTATS) as
+    :func:`layernorm.cpu.statistics.xhat` forms it. xn (M, D) is what the forward normalized:
+    x, or h for an add-norm.
+    """
+    keep = kept_channels(scale, shift, y_dtype, xn.shape[1])  # (k,) int64
+    rows = kept_rows(statistics.rstd(stats), eps, shift, keep)  # (r,) int64
+    cdt = scale.dtype
+    return (keep, statistics.xhat(xn[:, keep], stats, cdt), rows,
+            statistics.xhat(xn[rows], stats[rows], cdt))
 
 
 def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
@@ -392,52 +379,29 @@ def _backward(norm: Norm, dy: object, dh: object, cache: object, out: object,
     # likewise in the add's dtype (the widest of x's, residual's and h's compute dtypes), where
     # the norm's dx and dh are summed
     cdt = cache.scale.dtype
-    dy2 = _storage(_contiguous(dy, dy.dtype if compute_dtype(dy.dtype) == cdt else cdt)[0])
+    dy2 = _contiguous(dy, dy.dtype if compute_dtype(dy.dtype) == cdt else cdt)[0].reshape(m, d)
     adt = widest_compute_dtype(cache.x_dtype, cache.residual_dtype, cdt) if norm.residual else cdt
-    dx2 = _storage(dx).reshape(m, d)
-    # an absent dh or dresidual is an (M, 0) stand-in (entry.backward_key names the kernel)
-    if dh is None:
-        dh2 = _none(m, src.dtype)
-    else:
-        dh2 = _storage(_contiguous(dh, dh.dtype if compute_dtype(dh.dtype) == adt
-                                   else adt)[0]).reshape(m, d)
-    dres2 = _none(m, dx2.dtype) if dres is None else _storage(dres).reshape(m, d)
-    c = kernels.n_chunks(m)
-    partial = np.empty((c, 2, d))  # (C, 2, D) float64
-    dy2 = dy2.reshape(m, d)
-    names = (_name(src.dtype), _name(dy2.dtype), None if dh is None else _name(dh2.dtype),
-             _name(dx2.dtype), None if dres is None else _name(dres2.dtype), _name(cdt),
-             _name(adt))
-    flags = kernels.CENTRED if norm.centred else 0
-    ok = np.ones(0 if from_y else cache.check.shape[0], np.bool_)  # (M,) or (0,): verified rows
+    dh2 = None
+    if dh is not None:
+        dh2 = _contiguous(dh, dh.dtype if compute_dtype(dh.dtype) == adt else adt)[0]
+        dh2 = dh2.reshape(m, d)
+    dx2 = dx.reshape(m, d)
+    dres2 = None if dres is None else dres.reshape(m, d)
+    verify = not from_y and cache.check.shape[0] > 0  # (0,): a forward without checksums
+    check = cache.check if verify else None
+    ok = np.ones(m if verify else 0, np.bool_)  # (M,) or (0,): the rows that matched
+    recovery = ((cache.shift, cache.keep, cache.kept, cache.rows, cache.xrows) if from_y
+                else (None,) * 5)
     sums = np.zeros((2, d))  # (2, D) float64: dgamma, dbeta
     ops = _engine()
     if m and ops is not None:
-        verify = not from_y and cache.check.shape[0] > 0
-        ops.backward_into(
-            _tensor(src), _tensor(dy2), None if dh is None else _tensor(dh2),
-            _tensor(cache.scale), _tensor(cache.stats), _tensor(cache.check) if verify else None,
-            *((_tensor(cache.shift), _tensor(cache.keep), _tensor(cache.kept),
-               _tensor(cache.rows), _tensor(cache.xrows)) if from_y else (None,) * 5),
-            norm.centred, _tensor(dx2), None if dres is None else _tensor(dres2), _tensor(sums),
-            _tensor(ok) if verify else None, SERIAL_ELEMENTS)
-    elif m and from_y:
-        entry.run(entry.ctypes_fn(entry.backward_y_key(*names)),
-                  (pointer(src), pointer(dy2), pointer(dh2), pointer(dx2), pointer(dres2), 0,
-                   pointer(cache.scale), pointer(cache.shift), pointer(cache.keep),
-                   pointer(cache.kept), pointer(cache.rows), pointer(cache.xrows),
-                   pointer(cache.stats), flags, pointer(partial), m, d, dh2.shape[1],
-                   dres2.shape[1], cache.keep.shape[0], cache.rows.shape[0], c),
-                  c, m * d, threads())
+        t = _tensor
+        ops.backward_into(t(src), t(dy2), t(dh2), t(cache.scale), t(cache.stats), t(check),
+                          *map(t, recovery), norm.centred, t(dx2), t(dres2), t(sums),
+                          t(ok) if verify else None, SERIAL_ELEMENTS)
     elif m:
-        mc = cache.check.shape[0]  # rows to verify: M, or 0 for a forward without checksums
-        entry.run(entry.ctypes_fn(entry.backward_key(*names)),
-                  (pointer(src), pointer(dy2), pointer(dh2), pointer(dx2), pointer(dres2), 0,
-                   pointer(cache.scale), pointer(cache.stats), pointer(cache.check), flags,
-                   pointer(partial), pointer(ok), m, d, dh2.shape[1], dres2.shape[1], mc, c),
-                  c, m * d, threads())
-    if m and ops is None:
-        entry.ctypes_fn("reduce")(pointer(partial), pointer(sums), c, d)
+        fallback.backward_into(src, dy2, dh2, cache.scale, cache.stats, check, *recovery,
+                               norm.centred, dx2, dres2, sums, ok if verify else None)
     if not ok.all():
         what = "h (the forward's output)" if norm.residual else "x"
         raise ValueError(f"{what} changed between the forward and the backward (row "
@@ -472,7 +436,7 @@ def layer_norm_forward(
         gamma: (D,) scale, or None. The cache keeps a copy (of 1 + gamma with
             ``zero_centered_gamma``, formed in the compute dtype).
         beta: (D,) shift, or None.
-        eps: finite positive number added to the variance.
+        eps: finite number >= 0 added to the variance.
         zero_centered_gamma: scale by 1 + gamma instead of gamma.
         out: optional C-contiguous array of x's shape and dtype that receives y; it must not
             overlap x, gamma or beta. Without it, a large y reuses memory freed by earlier

@@ -10,28 +10,28 @@
     n = lt.replace_norms(model)                          # swap a model's norms in place:
                                                          # n.swapped, n.left by class
 
-CPU tensors run the fused Numba kernels on the tensors' own memory; CUDA tensors run the
-Triton kernels. float16, bfloat16, float32 and float64 on both. Each function is a
-``torch.library`` custom op with a fake implementation (``torch.compile(fullgraph=True)``),
-autograd (double backward included) and torch's autocast rule; under ``torch.func``
-transforms (grad, vmap, jvp, jacrev, jacfwd, hessian) and forward-mode AD the functions take
-one Python autograd Function with a hand-derived jvp (:mod:`._transforms`).
+CPU tensors run the C++ engine on the tensors' own memory (built once per machine:
+:mod:`._native`); CUDA tensors run the Triton kernels. float16, bfloat16, float32 and float64
+on both. Each function is a ``torch.library`` custom op with a fake implementation
+(``torch.compile(fullgraph=True)``), autograd (double backward included) and torch's
+autocast rule; under ``torch.func`` transforms (grad, vmap, jvp, jacrev, jacfwd, hessian) and
+forward-mode AD the functions take one Python autograd Function with a hand-derived jvp
+(:mod:`._transforms`).
 ``memory_efficient=True`` (every function, the modules, ``replace_norms``) makes training
 keep each norm's output y instead of its input, which the next layer keeps anyway; its
 backward cannot be differentiated again.
 docs/torch.md has the details.
-Needs the extra ``torch`` (torch and numba; triton for CUDA).
+Needs the extra ``torch`` (torch and ninja; triton for CUDA).
 """
 
 from __future__ import annotations
 
 try:
-    import numba as _numba  # noqa: F401
     import torch as _torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        f"layernorm.torch needs torch and numba ({exc.name} is not installed): install the "
-        "package's `torch` extra"
+        f"layernorm.torch needs torch ({exc.name} is not installed): install the package's "
+        "`torch` extra"
     ) from exc
 
 from . import _distributed  # noqa: F401 - how DTensor shards the ops, once DTensor is imported

@@ -37,8 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._validate import check_eps
 from . import _transforms
-from ._cpu import compute_dtype
+from ._dtypes import compute_dtype
 from ._ops import fwd, fwd_y, norm, wide_residual_warning
 
 __all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "rms_norm"]
@@ -126,16 +127,13 @@ def default_eps(dtype: torch.dtype) -> float:
 
 
 def _check_eps(eps: object, dtype: torch.dtype) -> float:
-    if type(eps) is float and 0.0 <= eps < math.inf:  # the common case (NaN fails it)
+    """eps by the one rule (:func:`layernorm._validate.check_eps`), None meaning the norm's
+    default for ``dtype``."""
+    if type(eps) is float and 0.0 <= eps < math.inf:  # the rule's common case (NaN fails it)
         return eps
     if eps is None:
         return default_eps(dtype)
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
-    value = float(eps)
-    if not (math.isfinite(value) and value >= 0.0):
-        raise ValueError(f"eps must be a finite number >= 0, got {value!r}")
-    return value
+    return check_eps(eps)
 
 
 def _check_flag(flag: object, name: str) -> bool:
@@ -372,7 +370,7 @@ def layer_norm(
 
     Args:
         input: (..., *normalized_shape) float16, bfloat16, float32 or float64, on the CPU
-            (Numba kernels) or a CUDA device (Triton kernels).
+            (the C++ engine) or a CUDA device (Triton kernels).
         normalized_shape: the trailing shape normalized over, flattened to D = prod(shape).
         weight, bias: normalized_shape-shaped scale and shift, or None, any float dtype; their
             gradients come back in their own dtype.

@@ -15,9 +15,10 @@ Large outputs (1 MiB and more) come from a pool of blocks whose tensors were fre
 call does not pay the first touch of fresh pages (:func:`layernorm.cpu.memory.pool_cap` caps
 it).
 
-Where it cannot be built (no compiler, no ninja, or ``LAYERNORM_NO_CPP=1``), :func:`load`
-says so in one warning and returns False, and the CPU kernels are registered from Python
-instead (:mod:`._cpu`): the Numba kernels, with more time per call.
+Where it cannot be built (no compiler, no ninja), :func:`load` says so in one warning and
+returns False; so does ``LAYERNORM_NO_CPP=1``, without a warning. Then the ops' CPU kernels and
+the NumPy API run the NumPy fallback (:mod:`layernorm.cpu.fallback`, the reference's
+arithmetic on one thread): the same results within the tolerance table, many times slower.
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ def load() -> bool:
             torch.ops.load_library(str(library))
     except Exception as exc:  # noqa: BLE001 - any failure to build means: fall back
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        warnings.warn(f"layernorm.torch: the C++ CPU operator could not be built ({why}); "
-                      f"CPU tensors use the Python path, which costs more per call",
+        warnings.warn(f"layernorm: the C++ CPU engine could not be built ({why}): CPU tensors "
+                      f"and layernorm.cpu run the NumPy fallback instead, many times slower",
                       RuntimeWarning, stacklevel=2)
         return False
     torch.ops.layernorm_cpu._setup(memory.CAP_BYTES, recovery.MARGIN)

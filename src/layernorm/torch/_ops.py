@@ -8,15 +8,17 @@ keeps anyway) instead of x or h, and the backward recovers xhat from it. They no
 x (..., D) over its last axis, as M rows; the functions of :mod:`layernorm.torch` check the
 caller's arguments first. Each op runs
 
-* on CPU tensors, the fused CPU kernels: through the C++ engine and operator of ``csrc/``
-  (:mod:`._native`), or where it cannot be built through Python (:mod:`._cpu`);
+* on CPU tensors, the C++ engine through the operator of ``csrc/`` (:mod:`._native`), or
+  where it cannot be built the NumPy fallback (:mod:`._fallback`);
 * on CUDA tensors, the Triton kernels (:mod:`layernorm.gpu.kernels`).
 
 ``torch.compile`` sees each op as one opaque node (no graph break); the fake implementations
 give the outputs' shapes without running anything. The statistics the backward reads are two
-tensors whose layout is the backend's own: on CPU ``stats`` (M, NSTATS) float64 and an (M, 0)
-placeholder; on CUDA mean (M,) and rstd (M,) in the statistics dtype. Both have rows first, so
-a row-sharded input gives row-sharded statistics.
+tensors whose layout is the backend's own: on CPU ``stats`` (M, NSTATS) float64, its columns
+named and defined in :mod:`layernorm.cpu.statistics`, and an (M, 0) placeholder; on CUDA mean
+(M,) and rstd (M,) in the statistics dtype, a negative rstd marking a row the kernel rescaled.
+The two layouts stay apart while no GPU can test a change to the CUDA one. Both have rows
+first, so a row-sharded input gives row-sharded statistics.
 
 Autograd saves what the backward reads through ``save_for_backward`` (x, or h for an add-norm,
 and the parameters), so changing one of them in place before the backward raises torch's own
@@ -52,8 +54,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..cpu.statistics import NSTATS
 from ..recovery import MARGIN
-from . import _cpu, _native
+from . import _fallback, _native
+from ._dtypes import compute_dtype
 
 __all__ = ["DOUBLE_BACKWARD", "NATIVE", "bwd", "bwd_y", "composite_backward", "fwd", "fwd_y",
            "kept_channels", "kept_rows", "norm", "statistics", "triton_on_cpu",
@@ -157,10 +161,10 @@ def _rows(t: Tensor | None) -> Tensor | None:
 
 
 def _fwd_triton(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
-    from ..gpu import kernels
+    from ..gpu import launch as launchers
 
     h_dtype = x.dtype if h_dtype is None else h_dtype
-    y, h, mean, rstd = kernels.forward(
+    y, h, mean, rstd = launchers.forward(
         _rows(x), _rows(residual), weight, bias, eps, centred=centred,
         zero_centered_gamma=zero_centered_gamma, h_dtype=None if residual is None else h_dtype)
     return y.view(x.shape), x.new_empty((0,)) if h is None else h.view(x.shape), mean, rstd
@@ -192,12 +196,12 @@ def _triton_backward(launch, dy, dh, src, x_dtype, residual_dtype):
 
 def _bwd_triton(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_gamma,
                 x_dtype, residual_dtype):
-    from ..gpu import kernels
+    from ..gpu import launch as launchers
 
     def launch(dy, dh, xn, residual_dtype):
-        return kernels.backward(dy, dh, xn, weight, bias, stats0, stats1, centred=centred,
-                                zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
-                                residual_dtype=residual_dtype)
+        return launchers.backward(dy, dh, xn, weight, bias, stats0, stats1, centred=centred,
+                                  zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
+                                  residual_dtype=residual_dtype)
 
     return _triton_backward(launch, dy, dh, xn, x_dtype, residual_dtype)
 
@@ -290,10 +294,10 @@ def _fwd_y_triton(x, residual, weight, bias, eps, centred, zero_centered_gamma, 
 
 def _bwd_y_triton(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xrows, centred,
                   zero_centered_gamma, x_dtype, residual_dtype):
-    from ..gpu import kernels
+    from ..gpu import launch as launchers
 
     def launch(dy, dh, y, residual_dtype):
-        return kernels.backward_from_y(
+        return launchers.backward_from_y(
             dy, dh, y, weight, bias, stats1, keep, kept, rows=rows, xhat_rows=xrows,
             centred=centred, zero_centered_gamma=zero_centered_gamma, x_dtype=x_dtype,
             residual_dtype=residual_dtype)
@@ -307,46 +311,12 @@ for _name, _fn in _TRITON:
     _LIB.impl(_name, _fn, "CUDA")
 
 
-# --- CPU: the C++ operator, or the same kernels from Python ------------------------------
-
-def _fwd_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
-    y, h, stats = _cpu.forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
-                               h_dtype, True)
-    return y, h, stats, x.new_empty((stats.shape[0], 0), dtype=torch.int64)
-
-
-def _norm_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
-    y, h, _stats = _cpu.forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
-                                h_dtype, False)
-    return y, h
-
-
-def _bwd_cpu(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_gamma, x_dtype,
-             residual_dtype):
-    return _cpu.backward(dy, dh, xn, weight, bias, stats0, centred, zero_centered_gamma,
-                         x_dtype, residual_dtype)
-
-
-def _fwd_y_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
-    y, h, stats, s1 = _fwd_cpu(x, residual, weight, bias, eps, centred, zero_centered_gamma,
-                               h_dtype)
-    keep, kept, rows, xrows = _cpu.kept(x if residual is None else h, weight, bias, stats, eps,
-                                        centred, zero_centered_gamma, y.dtype)
-    return y, h, stats, s1, keep, kept, rows, xrows
-
-
-def _bwd_y_cpu(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xrows, centred,
-               zero_centered_gamma, x_dtype, residual_dtype):
-    return _cpu.backward_y(dy, dh, y, weight, bias, stats0, keep, kept, rows, xrows, centred,
-                           zero_centered_gamma, x_dtype, residual_dtype)
-
+# --- CPU: the C++ operator, or the NumPy fallback ---------------------------------------
 
 NATIVE = _native.load()
-"""Whether the ops' CPU kernels are the C++ operator's (else registered from Python)."""
+"""Whether the ops' CPU kernels are the C++ operator's (else the NumPy fallback's)."""
 if not NATIVE:
-    for _name, _fn in (("fwd", _fwd_cpu), ("norm", _norm_cpu), ("bwd", _bwd_cpu),
-                       ("fwd_y", _fwd_y_cpu), ("bwd_y", _bwd_y_cpu)):
-        _LIB.impl(_name, _fn, "CPU")
+    _fallback.register(_LIB)
 
 
 _TRITON_ON_CPU = False
@@ -384,9 +354,9 @@ def _stats_fake(x: Tensor, residual: Tensor | None, h_dtype: torch.dtype | None,
                 ) -> tuple[Tensor, Tensor]:
     m = x.numel() // x.shape[-1]
     if x.device.type == "cpu" and not _TRITON_ON_CPU:
-        return (x.new_empty((m, _cpu.NSTATS), dtype=torch.float64),
+        return (x.new_empty((m, NSTATS), dtype=torch.float64),
                 x.new_empty((m, 0), dtype=torch.int64))
-    sdt = _cpu.compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
+    sdt = compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
     return x.new_empty((m,), dtype=sdt), x.new_empty((m,), dtype=sdt)
 
 
@@ -423,7 +393,7 @@ def _fwd_y_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_
     ctx = torch.library.get_ctx()
     k = ctx.new_dynamic_size()  # how many channels the parameters' values keep
     r = ctx.new_dynamic_size()  # how many rows the data keeps whole
-    cdt = _cpu.compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
+    cdt = compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
     d = x.shape[-1]
     m = x.numel() // d
     return (*_outputs_fake(x, residual, h_dtype), s0, s1,
@@ -441,7 +411,7 @@ def _bwd_y_fake(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xrows
 def statistics(src: Tensor, eps: float, centred: bool) -> tuple[Tensor, Tensor]:
     """xhat (..., D) and rstd (..., 1) of the rows of ``src`` in its compute dtype, from torch
     operations (differentiable): rstd = 1/sqrt(var + eps), var centred or the mean square."""
-    v = src.to(_cpu.compute_dtype(src.dtype))
+    v = src.to(compute_dtype(src.dtype))
     xc = v - v.mean(-1, keepdim=True) if centred else v
     rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + eps)
     return xc * rstd, rstd

@@ -1,79 +1,23 @@
 """``replace_norms``: a model's norm modules swapped for ours, in place, in one call.
 
-Which modules are swapped, and into what, is one table: each class it names (exact classes: a
-subclass may compute something else) has a recipe saying which of ours takes its place, where
-its eps lives, whether its scale is weight or 1 + weight, and the dtype of its result
-(``result_dtype`` of our modules). The classes are torch's ``LayerNorm`` and ``RMSNorm`` and
-238 of transformers' (all present in transformers 5.24, each checked against its original by
-tests/torch_api/test_hf_models.py; docs/models.md lists them). They are recognised by their
-defining module and name (``transformers.models.llama.modeling_llama``, ``LlamaRMSNorm``), so
-transformers is never imported here and a class absent from the installed version is never met.
+Which modules are swapped, and into what, is one table (``TABLE``): each class it names (exact
+classes: a subclass may compute something else) has a recipe (one of ``RECIPES``) saying which
+of ours takes its place, where its eps lives, whether its scale is weight or 1 + weight, and the
+dtype of its result (``result_dtype`` of our modules). The classes are torch's ``LayerNorm`` and
+``RMSNorm`` and 238 of transformers' (``TRANSFORMERS``), each checked against its original by
+tests/torch_api/test_hf_models.py. They are recognised by their defining module and name
+(``transformers.models.llama.modeling_llama``, ``LlamaRMSNorm``), so transformers is never
+imported here and a class absent from the installed version is never met.
 
-| recipe        | becomes   | eps from          | scale          | bias | result_dtype |
-|---------------|-----------|-------------------|----------------|------|--------------|
-| torch         | LayerNorm | eps               | weight or none | yes  | input        |
-| torch-rms     | RMSNorm   | eps (None stays)  | weight or none | no   | input        |
-| llama         | RMSNorm   | variance_epsilon  | weight         | no   | promote      |
-| llama4        | RMSNorm   | eps               | weight or none | no   | promote      |
-| olmo2         | RMSNorm   | variance_epsilon  | weight         | no   | input        |
-| gemma         | RMSNorm   | eps               | 1 + weight     | no   | input        |
-| gemma3n       | RMSNorm   | eps               | weight or none | no   | input        |
-| weightless    | RMSNorm   | eps               | none           | no   | input        |
-| t5            | RMSNorm   | variance_epsilon  | weight         | no   | half_weight  |
-| cohere        | LayerNorm | variance_epsilon  | weight         | no   | input        |
-| olmo          | LayerNorm | 1e-5, a literal   | none           | no   | input        |
-| deberta       | LayerNorm | variance_epsilon  | weight         | yes  | promote      |
-| esmfold       | LayerNorm | eps               | weight         | yes  | input        |
-| pocket_tts    | LayerNorm | eps               | weight or none | yes  | promote      |
-| channels_last | LayerNorm | eps               | weight or none | yes  | input        |
-| videoprism    | LayerNorm | eps               | 1 + weight     | yes  | input        |
+The normalized shape is the attribute a recipe names (``shape``) where the class has one;
+otherwise the weight's size, these classes normalizing the last axis; a class without weight
+fixes no size, and ours (``normalized_shape=None``) take the last axis whatever its size. An
+instance of a ``per_head`` recipe whose weight spans more axes than the last becomes
+``PerHeadLayerNorm``: the fused op normalizes the last axis without weight, and a torch
+multiply by the weight follows.
 
-The normalized shape is the class's own attribute where it has one (torch's modules and their
-subclasses, Olmo, EsmFold's c_in); otherwise the weight's size, these classes normalizing the
-last axis; a class without weight fixes no size, and ours (``normalized_shape=None``) takes
-the last axis whatever its size. A Cohere instance whose weight spans more axes than the last
-(its query/key norms: a (heads, head_dim) weight) becomes ``PerHeadLayerNorm``: the fused op
-normalizes the last axis without weight, and a torch multiply by the weight follows.
-
-Rounding against each original. Ours: statistics in float32 for half inputs (float64 for
-float64), the scale formed in the compute dtype, the result rounded once to its dtype. Where
-an original rounds more often, half results differ by about an ulp, inside the dtype's "out"
-tolerance of :mod:`layernorm.tolerances`:
-- torch, channels_last (ConvNext's family), Esmc, EsmFold2: torch's layer_norm, the same
-  maths and roundings (Esmc and EsmFold2 cast the result to the input's dtype, so under CUDA
-  autocast they return it where ours return float32, as torch's own module does).
-- llama (LlamaRMSNorm and 141 classes with its forward, Mamba's and EuroBert's among them),
-  llama4 (Llama4TextRMSNorm, CpmAnt, xLSTM): statistics and x·rstd in float32, rounded to
-  the input's dtype, then multiplied by the weight in the promoted dtype: two roundings where
-  ours has one.
-  ImageGPT, GradiumPhononTTSTimestep and xLSTM without force_float32_reductions compute every
-  step in the input's dtype.
-- olmo2 (Olmo2, GptOss, DeepseekV4, Helium, NemotronH and copies), gemma, gemma3n (Gemma3n,
-  Gemma4, Moshi and copies), weightless (NanoChat, Llama4TextL2Norm, ...), cohere, olmo: all in
-  float32, the product with the scale included, rounded once, as ours. Except: in
-  MuseSparkTextCentered 1 + weight is rounded to the weight's dtype first, and
-  DeepseekV4Unweighted and Glm5NextTextUnweighted round rstd to the input's dtype before the
-  product; and for Cohere's per-head norms ours round twice (the weightless norm to the
-  input's dtype, then its product with the weight).
-- t5 (T5, MT5, UMT5, LongT5, Idefics, ...): statistics in float32, x·rstd in float32 (or the
-  input's wider dtype), rounded to the weight's dtype where that is half, then multiplied by
-  the weight: two roundings. The result's dtype is the weight's where that is half, else the
-  promoted one (a float32 result for a half input and a float32 weight).
-- deberta: float32, rounded to the input's dtype, then weight·y + bias in the promoted dtype.
-- esmfold: torch's layer_norm, weight and bias first cast to a bfloat16 input's dtype.
-- pocket_tts (PocketTTSFlow, GradiumPhononTTSFlow): mean, variance and each step in the
-  input's dtype, then weight·y + bias in the promoted dtype.
-- videoprism: torch's layer_norm with 1 + weight formed in the weight's dtype.
-- float64 inputs: the classes that compute in float32 do so for them too; ours use float64.
-
-Left in place, each named with its reason in one warning (or in a ValueError before anything
-changes, with ``strict=True``): every norm-like module (a class named ...LayerNorm or
-...RMSNorm in any case, or a subclass of torch's two; not ours, and holding no such module
-itself) that is not swapped because its class is not in the table; it carries hooks, a forward
-set on the instance, or parameters, buffers or submodules its recipe does not take; its weight
-spans more axes than it normalizes in a class other than Cohere's (LlamaRMSNorm built with a
-tuple: ours take one weight of the normalized shape); or the instance normalizes something
-else (channels_first, Qwen4's groups).
+The recipes by model family, what each original computes and how it rounds against ours, every
+class of the table, and the norm-like classes of transformers left in place: docs/models.md.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
-from ._cpu import compute_dtype
+from ._dtypes import compute_dtype
 from ._ops import composite_backward, norm, statistics
 
 __all__ = ["Norm", "active", "apply"]

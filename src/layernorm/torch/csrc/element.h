@@ -101,7 +101,7 @@ inline S store(V v) {
 }
 
 // a * b + c rounded once where the CPU has fused multiply-add, else rounded twice: what the
-// kernels' output sweep computes (the same choice LLVM's contraction made for the old kernels).
+// kernels' output sweep computes (docs/cpu-kernels.md, "FMA").
 template <typename V>
 inline V mul_add(V a, V b, V c) {
 #if defined(__FMA__) || defined(__aarch64__)

@@ -265,6 +265,9 @@ void rows(const Forward& a, AddRow add, int64_t i0, int64_t i1) {
   S* h = static_cast<S*>(a.h);
   const int64_t d = a.d;
   const bool with_checksum = a.checksum != nullptr;
+  // eps as the compute dtype's value, as torch and the reference add it (an eps that T rounds
+  // to 0 or to inf is added as that), then in double with the row's sums
+  const double eps = static_cast<double>(static_cast<T>(a.eps));
   double scratch[kStats];
   std::vector<double> xs;
   for (int64_t i = i0; i < i1; ++i) {
@@ -277,7 +280,7 @@ void rows(const Forward& a, AddRow add, int64_t i0, int64_t i1) {
     } else {
       row = reinterpret_cast<const S*>(x + i * d);
     }
-    const uint64_t ck = forward_row(row, d, a.eps, a.centred, scale, shift, y + i * d, st, next,
+    const uint64_t ck = forward_row(row, d, eps, a.centred, scale, shift, y + i * d, st, next,
                                     with_checksum, xs);
     if (with_checksum) a.checksum[i] = ck;
   }
