@@ -7,20 +7,15 @@ modifies its input.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from .dtypes import NAMES, resolve
-
-try:
-    from numpy.lib.array_utils import byte_bounds
-except ImportError:  # NumPy < 2
-    from numpy import byte_bounds
 
 __all__ = [
     "Region",
@@ -42,6 +37,7 @@ __all__ = [
 ]
 
 
+@functools.cache  # dtype.name is formed anew on each access (microseconds)
 def is_float_dtype(dtype: np.dtype) -> bool:
     """True for the dtypes layernorm computes with: float16, bfloat16, float32, float64."""
     return dtype.name in NAMES
@@ -205,22 +201,29 @@ def check_dtype(value: object, name: str, default: np.dtype) -> np.dtype:
     return dtype if dtype.isnative else dtype.newbyteorder("=")
 
 
-@dataclass(frozen=True)
 class Region:
-    """Where a caller's array lives: its byte span, and ``alive()``, whether that memory is
-    still the caller's (the span means nothing once its owner is gone).
+    """A caller's array, remembered without keeping it alive: :meth:`array` gives the array
+    while the caller holds it, else the array that owns its memory while that lives (all of
+    that memory: a conservative stand-in for the part the caller passed), else None.
 
-    Memory NumPy owns is followed with a weak reference to the owning array, so a Region keeps
-    nothing alive. Foreign memory (a torch tensor's, a buffer's, seen through ``np.asarray``)
-    gives no such handle, so its view is kept alive instead.
+    Memory NumPy owns is followed with weak references, so a Region keeps nothing alive.
+    Foreign memory (a torch tensor's, a buffer's, seen through ``np.asarray``) gives no such
+    handle, so its view is kept alive instead. Nothing is computed until it is asked: a
+    forward records Regions on every call, and only a backward with ``out=`` reads them.
     """
 
-    owner: Callable[[], object]
-    start: int
-    stop: int
+    __slots__ = ("_owner", "_view")
 
-    def alive(self) -> bool:
-        return self.owner() is not None
+    def __init__(self, view: Callable[[], object], owner: Callable[[], object]) -> None:
+        self._view, self._owner = view, owner
+
+    def array(self) -> np.ndarray | None:
+        a = self._view()
+        return a if a is not None else self._owner()
+
+
+def _nobody() -> None:
+    return None
 
 
 def region(a: object) -> Region | None:
@@ -230,10 +233,9 @@ def region(a: object) -> Region | None:
     owner = a
     while isinstance(owner.base, np.ndarray):
         owner = owner.base
-    start, stop = byte_bounds(a)
     if owner.base is None:  # NumPy's own memory
-        return Region(weakref.ref(owner), start, stop)
-    return Region(lambda: a, start, stop)
+        return Region(weakref.ref(a), weakref.ref(owner))
+    return Region(lambda: a, _nobody)
 
 
 def overlaps(a: np.ndarray, others: tuple[object, ...]) -> bool:
@@ -242,12 +244,10 @@ def overlaps(a: np.ndarray, others: tuple[object, ...]) -> bool:
     Byte spans are compared, as ``np.may_share_memory`` does: interleaved strided arrays count
     as overlapping.
     """
-    start, stop = byte_bounds(a) if a.size else (0, 0)
     for o in others:
         if isinstance(o, Region):
-            if o.alive() and start < o.stop and o.start < stop:
-                return True
-        elif isinstance(o, np.ndarray) and np.may_share_memory(a, o):
+            o = o.array()
+        if isinstance(o, np.ndarray) and np.may_share_memory(a, o):
             return True
     return False
 

@@ -6,6 +6,7 @@ floating-point parameters; none lists dtypes of its own.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,12 +69,14 @@ def is_half(dtype: np.dtype) -> bool:
     return d is not None and d.half
 
 
+@functools.cache  # dtype.name is formed anew on each access (microseconds)
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The NumPy dtype statistics and arithmetic use for inputs of ``dtype``."""
     d = DTYPES.get(np.dtype(dtype).name)
     return np.dtype(dtype) if d is None else np.dtype(d.compute)
 
 
+@functools.cache
 def widest_compute_dtype(*dtypes: np.dtype) -> np.dtype:
     """The widest of the compute dtypes of ``dtypes`` (where an add-norm forms x + residual)."""
     return max((compute_dtype(d) for d in dtypes), key=lambda d: d.itemsize)

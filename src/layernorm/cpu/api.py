@@ -257,6 +257,14 @@ def _from_numpy(a: np.ndarray):
     return _torch.from_numpy(a)
 
 
+def _regions(callers: tuple[object, ...]) -> tuple[Region, ...]:
+    """The :class:`Region` of each distinct array among ``callers`` (each object once)."""
+    seen: dict[int, object] = {}
+    for a in callers:
+        seen.setdefault(id(a), a)
+    return tuple(r for r in map(region, seen.values()) if r is not None)
+
+
 def _output(out: object, name: str, shape: tuple[int, ...], dtype: np.dtype,
             callers: tuple[object, ...], why: str) -> np.ndarray:
     """``out`` checked, or a fresh array, of ``shape`` and ``dtype``."""
@@ -320,7 +328,7 @@ def _forward(norm: Norm, x: object, residual: object, gamma: object, beta: objec
         beta_dtype=None if beta is None else beta.dtype,
         x_shape=x.shape, x_dtype=x.dtype,
         residual_dtype=residual.dtype if norm.residual else None,
-        inputs=tuple(r for r in map(region, callers) if r is not None),
+        inputs=_regions(callers),
     )
     if memory_efficient:
         xn = (h if norm.residual else xc).reshape(m, d)  # (M, D) what was normalized

@@ -127,9 +127,7 @@ Sums sum_grad(const S* x, const DY* dy, const T* scale, T hi, int64_t d, bool wi
     }
     out.su += static_cast<double>(a1.fold(t1, r));
     out.sut += static_cast<double>(a2.fold(t2, r));
-    if (with_checksum) {
-      for (int64_t k = 0; k < n; ++k) out.checksum += mix(x[j0 + k], j0 + k);
-    }
+    if (with_checksum) out.checksum += block_checksum(x + j0, n, j0);
   }
   return out;
 }

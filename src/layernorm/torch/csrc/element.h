@@ -209,7 +209,7 @@ struct Lanes {
   }
 };
 
-// --- a row's checksum --------------------------------------------------------------------
+// The bits of v, zero-extended.
 template <typename S>
 inline uint64_t bits_of(S v) {
   if constexpr (sizeof(S) == 2) {
@@ -221,16 +221,44 @@ inline uint64_t bits_of(S v) {
   }
 }
 
-// A 64-bit hash of element v at position j: MurmurHash3's finaliser of its bits plus j times
-// an odd constant, so that every input bit reaches every output bit and no pattern of changes
-// (signs flipped, a power-of-two scaling, a swap) cancels in a sum of hashes but by a 2^-64
-// chance.
+// --- a row's checksum --------------------------------------------------------------------
+// A row's bits read as 64-bit words, at any alignment and whatever the element type.
+typedef uint64_t __attribute__((__may_alias__, __aligned__(1))) dword_t;
+
+// Odd constants of the checksum's keys: word w of a row is keyed by kKey0 + w * kKeyStep.
+constexpr uint32_t kKeyStep = 0x9E3779B9u, kKey0 = 0x7F4A7C15u;
+
+// The checksum of the n elements at blk, elements j0 .. j0 + n - 1 of their row (j0 a
+// multiple of kBlock): the row's bits as 32-bit words, each plus a key of its position, the
+// pairs (a, b) of words multiplied to 64 bits and the products summed (the NH hash). The
+// products make every change that a sum of bits would cancel (a row negated or scaled by a
+// power of two, |x|, a pattern of sign flips, a swap of elements) change the sum but by a
+// chance near 2^-32; one 32 x 32-bit multiply per two words, which the compiler turns into the
+// vector unit's lanes. A last part pair of words is padded with zero bits. The sum of a row's
+// blocks is the row's checksum, however the row is split into blocks.
 template <typename S>
-inline uint64_t mix(S v, int64_t j) {
-  uint64_t k = bits_of(v) + static_cast<uint64_t>(j) * 0x9E3779B97F4A7C15ull;
-  k = (k ^ (k >> 33)) * 0xFF51AFD7ED558CCDull;
-  k = (k ^ (k >> 33)) * 0xC4CEB9FE1A85EC53ull;
-  return k ^ (k >> 33);
+uint64_t block_checksum(const S* blk, int64_t n, int64_t j0) {
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(S));
+  const int64_t pairs = bytes / 8;
+  const dword_t* p = reinterpret_cast<const dword_t*>(blk);
+  const int64_t word0 = j0 * static_cast<int64_t>(sizeof(S)) / 4;  // blk's first word's index
+  uint32_t key = kKey0 + static_cast<uint32_t>(word0) * kKeyStep;
+  uint64_t ck = 0;
+  for (int64_t t = 0; t < pairs; ++t) {
+    const uint64_t v = p[t];
+    const uint32_t a = static_cast<uint32_t>(v) + key;
+    const uint32_t b = static_cast<uint32_t>(v >> 32) + (key + kKeyStep);
+    ck += static_cast<uint64_t>(a) * b;
+    key += 2 * kKeyStep;
+  }
+  if (bytes % 8 != 0) {
+    uint64_t v = 0;
+    std::memcpy(&v, reinterpret_cast<const char*>(blk) + 8 * pairs, bytes % 8);
+    const uint32_t a = static_cast<uint32_t>(v) + key;
+    const uint32_t b = static_cast<uint32_t>(v >> 32) + (key + kKeyStep);
+    ck += static_cast<uint64_t>(a) * b;
+  }
+  return ck;
 }
 
 }  // namespace layernorm::engine

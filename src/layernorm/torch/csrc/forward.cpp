@@ -52,13 +52,6 @@ struct Sums {
   uint64_t checksum = 0;
 };
 
-template <typename S>
-uint64_t block_checksum(const S* blk, int64_t n, int64_t j0) {
-  uint64_t ck = 0;
-  for (int64_t j = 0; j < n; ++j) ck += mix(blk[j], j0 + j);
-  return ck;
-}
-
 // (sum_j d_j, sum_j d_j^2) with d = row - m0 in T, blocks of kBlock joined in double; the
 // checksum in a loop of its own, so the sums have the same bits with it or without.
 template <typename S, typename T = compute_t<S>>
@@ -157,7 +150,9 @@ RowStats<T> row_stats(const S* row, int64_t d, double eps, bool centred, bool wi
   double var = s.s2 / n - c * c;
   if (c * c > var * kRecentre) {  // the sample missed the mean: centre on the mean just found
     m0 = static_cast<T>(static_cast<double>(m0) + c);
-    s = sum_centred(row, d, m0, with_checksum);
+    const uint64_t checksum = s.checksum;  // of the same bits: taken once
+    s = sum_centred(row, d, m0, false);
+    s.checksum = checksum;
     c = s.s1 / n;
     var = s.s2 / n - c * c;
   }
