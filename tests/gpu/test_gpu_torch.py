@@ -13,6 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from triton_route import triton_on_cpu  # noqa: E402
+
 import layernorm.torch as lt  # noqa: E402
 from layernorm.family import NORMS  # noqa: E402
 from layernorm.torch import _ops  # noqa: E402
@@ -24,7 +26,7 @@ DEVICE = "cuda" if CUDA else "cpu"
 @pytest.fixture
 def triton_path():
     """The ops on DEVICE run the Triton kernels for the test's duration."""
-    with contextlib.nullcontext() if CUDA else _ops.triton_on_cpu():
+    with contextlib.nullcontext() if CUDA else triton_on_cpu():
         yield
 
 
@@ -90,16 +92,27 @@ def test_the_triton_backward_adds_dh_without_a_dresidual(triton_path):
 
 
 def test_triton_on_cpu_routes_and_restores():
-    """Protects the test switch itself: inside it a CPU tensor's statistics have the Triton
-    layout ((M,) mean and rstd), outside it the CPU kernels' ((M, NSTATS) and a checksum)."""
+    """Protects the test switch itself (tests/triton_route.py, kept out of the package): inside
+    it a CPU tensor's statistics have the Triton layout ((M,) mean and rstd), from the kernels
+    and from the fake implementation alike; outside it the CPU kernels' ((M, NSTATS) and an
+    (M, 0) placeholder), both again."""
     if CUDA:
         pytest.skip("the switch is for machines without a GPU")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     x = torch.randn(3, 8)
-    with _ops.triton_on_cpu():
-        _y, _h, s0, s1 = _ops.fwd(x, None, None, None, 1e-5, True, False, None)
-    assert s0.shape == (3,) and s1.shape == (3,)
-    _y, _h, s0, s1 = _ops.fwd(x, None, None, None, 1e-5, True, False, None)
-    assert s0.shape == (3, 4) and s1.dtype == torch.int64
+    args = (None, None, None, 1e-5, True, False, None)
+
+    def shapes(x):
+        return [tuple(t.shape) for t in _ops.fwd(x, *args)[2:]]
+
+    def fake_shapes():
+        with FakeTensorMode() as mode:
+            return shapes(mode.from_tensor(x))
+
+    with triton_on_cpu():
+        assert shapes(x) == fake_shapes() == [(3,), (3,)]
+    assert shapes(x) == fake_shapes() == [(3, 4), (3, 0)]
 
 
 @pytest.mark.parametrize("name", ["layer_norm", "add_rms_norm"])

@@ -1037,6 +1037,9 @@ _TRITON = textwrap.dedent("""
     from layernorm import recovery, reference
     from layernorm.gpu import launch
     from layernorm.torch import _ops
+    import sys
+    sys.path.insert(0, TESTS)
+    from triton_route import triton_on_cpu
     g = torch.Generator().manual_seed(12)
     x = torch.randn(5, 16, generator=g)
     x[1] *= 1e25   # its float32 sums overflow: the forward rescales the row
@@ -1047,7 +1050,7 @@ _TRITON = textwrap.dedent("""
     b = torch.randn(16, generator=g)
     b[7] = 1e4
     out = {}
-    with _ops.triton_on_cpu():
+    with triton_on_cpu():
         _y, _h, _m, rstd0 = _ops.fwd(x, None, w, b, 1e-5, True, False, None)
         y, h, mean, rstd, keep, kept, rows, xrows = _ops.fwd_y(x, None, w, b, 1e-5, True,
                                                                False, None)
@@ -1073,7 +1076,7 @@ _TRITON = textwrap.dedent("""
         b.requires_grad_()
         dy, dh = torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g)
         res = {}
-        with _ops.triton_on_cpu():
+        with triton_on_cpu():
             for me in (False, True):
                 out2 = lt.add_layer_norm(x, r, 16, w, b, memory_efficient=me)
                 res[me] = torch.autograd.grad(out2, (x, r, w, b), (dy, dh))
@@ -1091,7 +1094,7 @@ def test_triton_path_in_the_interpreter():
     add-LayerNorm's gradients with a row kept whole equal the default mode's within the
     float32 tolerance (where the Triton backward from y takes the rows)."""
     pytest.importorskip("triton")
-    res = _run(_TRITON)
+    res = _run(_TRITON.replace("TESTS", repr(str(Path(__file__).resolve().parents[1]))))
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["rescaled"]

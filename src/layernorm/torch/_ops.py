@@ -45,10 +45,7 @@ a backward run with ``create_graph=True`` (double backward) raises
 
 from __future__ import annotations
 
-import contextlib
 import math
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -60,7 +57,8 @@ from . import _fallback, _native
 from ._dtypes import compute_dtype
 
 __all__ = ["DOUBLE_BACKWARD", "NATIVE", "bwd", "bwd_y", "composite_backward", "fwd", "fwd_y",
-           "kept_channels", "kept_rows", "norm", "statistics", "triton_on_cpu",
+           "fwd_shapes", "fwd_y_shapes", "kept_channels", "kept_rows", "norm", "statistics",
+           "triton_kernels",
            "wide_residual_warning"]
 
 _LIB = torch.library.Library("layernorm", "DEF")
@@ -305,9 +303,10 @@ def _bwd_y_triton(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xro
     return _triton_backward(launch, dy, dh, y, x_dtype, residual_dtype)
 
 
-_TRITON = (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_triton),
-           ("fwd_y", _fwd_y_triton), ("bwd_y", _bwd_y_triton))
-for _name, _fn in _TRITON:
+triton_kernels = (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_triton),
+                  ("fwd_y", _fwd_y_triton), ("bwd_y", _bwd_y_triton))
+"""The ops' CUDA kernels by name: the Triton launchers (registered for CUDA tensors here)."""
+for _name, _fn in triton_kernels:
     _LIB.impl(_name, _fn, "CUDA")
 
 
@@ -319,41 +318,13 @@ if not NATIVE:
     _fallback.register(_LIB)
 
 
-_TRITON_ON_CPU = False
-
-
-@contextlib.contextmanager
-def triton_on_cpu() -> Iterator[None]:
-    """Run the ops' CPU tensors through the Triton kernels in Triton's interpreter.
-
-    For tests: the CUDA code path (launchers, statistics layout) on a machine without a GPU.
-    Needs TRITON_INTERPRET=1 set before triton is first imported. The Triton functions are
-    registered as the ops' CPU kernels for the duration, over the usual ones.
-    """
-    from ..gpu import kernels
-
-    if not kernels.INTERPRET:
-        raise RuntimeError("triton_on_cpu needs TRITON_INTERPRET=1 set before triton is imported")
-    global _TRITON_ON_CPU
-    lib = torch.library.Library("layernorm", "IMPL")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Oo]verrid")
-        for name, fn in _TRITON:
-            lib.impl(name, fn, "CPU", allow_override=True)
-    old, _TRITON_ON_CPU = _TRITON_ON_CPU, True
-    try:
-        yield
-    finally:
-        _TRITON_ON_CPU = old
-        lib._destroy()
-
-
 # --- shapes without data ------------------------------------------------------------------
 
 def _stats_fake(x: Tensor, residual: Tensor | None, h_dtype: torch.dtype | None,
-                ) -> tuple[Tensor, Tensor]:
+                cuda: bool) -> tuple[Tensor, Tensor]:
+    """The two statistics tensors of the forward, in the CUDA kernels' layout or the CPU's."""
     m = x.numel() // x.shape[-1]
-    if x.device.type == "cpu" and not _TRITON_ON_CPU:
+    if not cuda:
         return (x.new_empty((m, NSTATS), dtype=torch.float64),
                 x.new_empty((m, 0), dtype=torch.int64))
     sdt = compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
@@ -365,9 +336,15 @@ def _outputs_fake(x, residual, h_dtype):
     return x.new_empty(x.shape), h
 
 
+def fwd_shapes(x: Tensor, residual: Tensor | None, h_dtype: torch.dtype | None,
+               cuda: bool) -> tuple[Tensor, ...]:
+    """What :data:`fwd` returns, without data: its outputs in the CUDA layout or the CPU's."""
+    return (*_outputs_fake(x, residual, h_dtype), *_stats_fake(x, residual, h_dtype, cuda))
+
+
 @torch.library.register_fake("layernorm::fwd")
 def _fwd_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
-    return (*_outputs_fake(x, residual, h_dtype), *_stats_fake(x, residual, h_dtype))
+    return fwd_shapes(x, residual, h_dtype, x.device.type != "cpu")
 
 
 @torch.library.register_fake("layernorm::norm")
@@ -387,9 +364,11 @@ def _bwd_fake(dy, dh, xn, weight, bias, stats0, stats1, centred, zero_centered_g
     )
 
 
-@torch.library.register_fake("layernorm::fwd_y")
-def _fwd_y_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
-    s0, s1 = _stats_fake(x, residual, h_dtype)
+def fwd_y_shapes(x: Tensor, residual: Tensor | None, h_dtype: torch.dtype | None,
+                 cuda: bool) -> tuple[Tensor, ...]:
+    """What :data:`fwd_y` returns, without data: its outputs in the CUDA layout or the CPU's,
+    the kept channels' and rows' counts dynamic sizes."""
+    s0, s1 = _stats_fake(x, residual, h_dtype, cuda)
     ctx = torch.library.get_ctx()
     k = ctx.new_dynamic_size()  # how many channels the parameters' values keep
     r = ctx.new_dynamic_size()  # how many rows the data keeps whole
@@ -399,6 +378,11 @@ def _fwd_y_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_
     return (*_outputs_fake(x, residual, h_dtype), s0, s1,
             x.new_empty((k,), dtype=torch.int64), x.new_empty((m, k), dtype=cdt),
             x.new_empty((r,), dtype=torch.int64), x.new_empty((r, d), dtype=cdt))
+
+
+@torch.library.register_fake("layernorm::fwd_y")
+def _fwd_y_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+    return fwd_y_shapes(x, residual, h_dtype, x.device.type != "cpu")
 
 
 @torch.library.register_fake("layernorm::bwd_y")
