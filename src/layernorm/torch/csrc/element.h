@@ -185,6 +185,15 @@ inline wide_t<T> load_wide(const S* p) {
   }
 }
 
+// One level of the lanes' fixed tree and the levels below it: acc[l] += acc[l + W] for l < W,
+// then W / 2, ... 1. Each level's additions are independent, so the compiler does a level in
+// a few vector instructions; the order, and so the bits, are those of the scalar loops.
+template <int W>
+inline void fold_levels(double* acc) {
+  for (int l = 0; l < W; ++l) acc[l] += acc[l + W];
+  if constexpr (W > 1) fold_levels<W / 2>(acc);
+}
+
 // The kLanes<T> partial sums of a block.
 template <typename T>
 struct Lanes {
@@ -202,9 +211,7 @@ struct Lanes {
     for (int l = 0; l < n; ++l) last[l] += tail[l];
     double acc[L];
     for (int l = 0; l < L; ++l) acc[l] = static_cast<double>(last[l]);
-    for (int w = L / 2; w >= 1; w /= 2) {
-      for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-    }
+    fold_levels<L / 2>(acc);
     return acc[0];
   }
 };
