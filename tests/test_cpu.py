@@ -434,7 +434,7 @@ def test_backward_differentiates_the_forward_that_ran(backend, dtype, family_inp
 def test_out_never_overlaps_an_array_like_callers_memory(dtype, family_inputs):
     """Protects array-likes (a memoryview, a torch CPU tensor) from out=: their memory is only
     visible through np.asarray, and an out aliasing x was accepted, x overwritten by y and dx
-    then computed from y."""
+    then computed from y; also from a memory-efficient cache, which keeps no view of x."""
     (x, g, b), (dy,) = family_inputs(LN, (4, 16), dtype)
     likes = [("memoryview", lambda a: memoryview(a), lambda like: np.asarray(like))]
     torch = pytest.importorskip("torch")
@@ -443,10 +443,11 @@ def test_out_never_overlaps_an_array_like_callers_memory(dtype, family_inputs):
         xl, dyl = wrap(x.copy()), wrap(dy.copy())
         with pytest.raises(ValueError, match="must not overlap"):
             cpu.layer_norm_forward(xl, g, b, out=unwrap(xl))
-        _, cache = cpu.layer_norm_forward(xl, g, b)
-        for victim in (xl, dyl):
-            with pytest.raises(ValueError, match="must not overlap"):
-                cpu.layer_norm_backward(dyl, cache, out=unwrap(victim))
+        for me in (False, True):  # the memory-efficient cache keeps no view of x
+            _, cache = cpu.layer_norm_forward(xl, g, b, memory_efficient=me)
+            for victim in (xl, dyl):
+                with pytest.raises(ValueError, match="must not overlap"):
+                    cpu.layer_norm_backward(dyl, cache, out=unwrap(victim))
         assert _bits((unwrap(xl), unwrap(dyl))) == _bits((x, dy))
 
 

@@ -746,3 +746,35 @@ def test_torch_fallback_kernels_match_the_reference(name, dtype, dtype_or_skip):
                      name=what)
     assert dx.dtype == tdt and kept.dtype == (torch.float64 if dtype == "float64" and
                                               not norm.residual else torch.float32)
+
+
+@pytest.mark.parametrize("memory", ["numpy", "pool", "torch"])
+def test_the_cache_keeps_no_input_alive(memory):
+    """Protects the mode's saving: the cache of a memory-efficient add-norm holds neither x nor
+    the residual alive, whatever memory the residual lives in (NumPy's own, the package's pool
+    of outputs, as the h of a previous layer, or a torch tensor's), and while the residual does
+    live, a backward's out= on it is refused."""
+    import gc
+    import weakref
+
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    d = 512  # (512, 512) float32: 1 MiB, so a previous layer's h comes from the pool
+    x = rng.standard_normal((d, d)).astype(np.float32)
+    dy = rng.standard_normal((d, d)).astype(np.float32)
+    if memory == "numpy":
+        owner = rng.standard_normal((d, d)).astype(np.float32)
+        residual = owner
+    elif memory == "pool":
+        owner = residual = cpu.add_layer_norm_forward(x, x)[1]
+    else:
+        owner = torch.from_numpy(rng.standard_normal((d, d)).astype(np.float32))
+        residual = owner.numpy()
+    _, _, cache = cpu.add_layer_norm_forward(x, residual, memory_efficient=True)
+    with pytest.raises(ValueError, match="must not overlap"):
+        cpu.add_layer_norm_backward(dy, None, cache, out_dresidual=residual)
+    gone = weakref.ref(owner)
+    del owner, residual
+    gc.collect()
+    assert gone() is None, f"the cache keeps the {memory} residual alive"
+    assert cpu.add_layer_norm_backward(dy, None, cache)[0].shape == (d, d)

@@ -31,10 +31,11 @@ def triton_on_cpu() -> Iterator[None]:
             lib.impl(name, fn, "CPU", allow_override=True)
         torch.library.register_fake(
             "layernorm::fwd", lambda x, residual, w, b, eps, c, z, h_dtype:
-            _ops.fwd_shapes(x, residual, h_dtype, True), lib=lib)
+            _ops.fwd_shapes(x, residual, h_dtype, True), lib=lib, allow_override=True)
         torch.library.register_fake(
             "layernorm::fwd_y", lambda x, residual, w, b, eps, c, z, h_dtype:
-            _ops.fwd_y_shapes(x, residual, h_dtype, True), lib=lib)
+            _ops.fwd_y_shapes(x, residual, h_dtype, True), lib=lib,
+            allow_override=True)
     try:
         yield
     finally:

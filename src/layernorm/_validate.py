@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import functools
 import math
+import mmap
 import numbers
 import weakref
 from collections.abc import Callable
 
 import numpy as np
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # NumPy < 2
+    from numpy import byte_bounds
 
 from .dtypes import NAMES, resolve
 
@@ -124,8 +130,9 @@ def check_eps(eps: object) -> float:
     """``eps`` as a Python float, or an error if it is not a finite number >= 0.
 
     The one eps rule of every API, torch's own: eps = 0 is allowed (a constant row then has
-    var + eps = 0 and gives NaN, as torch's norms do), and so is an eps that the compute dtype
-    rounds to 0 or to inf (it is added as that dtype's value of it, in every backend alike).
+    var + eps = 0 and gives NaN on the CPU, as torch's norms do; the CUDA kernels give y = beta
+    there, docs/gpu-fusion.md), and so is an eps that the compute dtype rounds to 0 or to inf
+    (it is added as that dtype's value of it, in every CPU backend alike).
     """
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}: {eps!r}")
@@ -202,28 +209,38 @@ def check_dtype(value: object, name: str, default: np.dtype) -> np.dtype:
 
 
 class Region:
-    """A caller's array, remembered without keeping it alive: :meth:`array` gives the array
-    while the caller holds it, else the array that owns its memory while that lives (all of
-    that memory: a conservative stand-in for the part the caller passed), else None.
+    """A caller's array, remembered without keeping it alive.
 
-    Memory NumPy owns is followed with weak references, so a Region keeps nothing alive.
-    Foreign memory (a torch tensor's, a buffer's, seen through ``np.asarray``) gives no such
-    handle, so its view is kept alive instead. Nothing is computed until it is asked: a
-    forward records Regions on every call, and only a backward with ``out=`` reads them.
+    Memory NumPy owns (the package's pooled outputs included, whose block returns to the pool
+    when the array owning it dies) is followed with weak references: the array itself while
+    the caller holds it, else the array that owns its memory while that lives (all of that
+    memory: a conservative stand-in for the part the caller passed), else nothing. Foreign
+    memory (a torch tensor's, a buffer's, seen through ``np.asarray``) is remembered as its byte
+    span for good: its owner may be an alias of the caller's object, so nothing says when the
+    memory is freed, and an ``out=`` on memory reused since is refused rather than an overlap
+    missed. Only a backward with ``out=`` reads a Region.
     """
 
-    __slots__ = ("_owner", "_view")
+    __slots__ = ("_owner", "_span", "_view")
 
-    def __init__(self, view: Callable[[], object], owner: Callable[[], object]) -> None:
-        self._view, self._owner = view, owner
+    def __init__(self, view: Callable[[], object], owner: Callable[[], object],
+                 span: tuple[int, int] | None = None) -> None:
+        self._view, self._owner, self._span = view, owner, span
 
-    def array(self) -> np.ndarray | None:
-        a = self._view()
-        return a if a is not None else self._owner()
+    def overlaps(self, a: np.ndarray) -> bool:
+        """Whether ``a`` may share memory with the caller's array, while that memory lives."""
+        if self._span is not None:
+            if self._owner() is None or a.size == 0:
+                return False
+            start, stop = byte_bounds(a)
+            return start < self._span[1] and self._span[0] < stop
+        arr = self._view()
+        arr = arr if arr is not None else self._owner()
+        return arr is not None and np.may_share_memory(a, arr)
 
 
-def _nobody() -> None:
-    return None
+def _always() -> bool:
+    return True
 
 
 def region(a: object) -> Region | None:
@@ -233,9 +250,11 @@ def region(a: object) -> Region | None:
     owner = a
     while isinstance(owner.base, np.ndarray):
         owner = owner.base
-    if owner.base is None:  # NumPy's own memory
+    if owner.base is None or isinstance(owner.base, mmap.mmap):  # NumPy's, or the pool's
         return Region(weakref.ref(a), weakref.ref(owner))
-    return Region(lambda: a, _nobody)
+    # foreign memory: its owner may be an alias of the caller's object (torch hands NumPy a new
+    # Tensor object on the same storage), so nothing tells when the memory is freed
+    return Region(_always, _always, byte_bounds(a))
 
 
 def overlaps(a: np.ndarray, others: tuple[object, ...]) -> bool:
@@ -246,8 +265,9 @@ def overlaps(a: np.ndarray, others: tuple[object, ...]) -> bool:
     """
     for o in others:
         if isinstance(o, Region):
-            o = o.array()
-        if isinstance(o, np.ndarray) and np.may_share_memory(a, o):
+            if o.overlaps(a):
+                return True
+        elif isinstance(o, np.ndarray) and np.may_share_memory(a, o):
             return True
     return False
 

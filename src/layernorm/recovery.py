@@ -96,4 +96,5 @@ def kept_rows(rstd: np.ndarray, eps: float, shift: np.ndarray | None,
     if not np.any(live):
         return np.empty(0, np.int64)
     r = np.asarray(rstd, dtype=np.float64)
-    return np.flatnonzero(r * r * eps > 0.5).astype(np.int64)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 (eps = 0): not kept
+        return np.flatnonzero(r * r * eps > 0.5).astype(np.int64)

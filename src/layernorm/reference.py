@@ -264,13 +264,16 @@ def _normalize(x2: np.ndarray, cdt: np.dtype, eps: float,
             e = np.frexp(np.max(np.abs(xs), axis=1))[1]  # (B,) max|x| < 2**e
             xs = np.ldexp(xs, -e[:, None])  # (B, D) max|xs| < 1
             var_s = _second_moment(xs, centred)  # (B,)
-            rstd_s = 1.0 / np.sqrt(var_s + np.ldexp(eps, -2 * e))  # (B,)
+            eps_c = float(cdt.type(eps))  # eps as cdt's value, as the other rows add it
+            rstd_s = 1.0 / np.sqrt(var_s + np.ldexp(eps_c, -2 * e))  # (B,)
             # A constant row (LayerNorm): eps*4**-e may underflow to 0, but var = 0 means
-            # rstd = 1/sqrt(eps) and xhat = 0 exactly, whatever the scale. An RMSNorm row that
-            # overflowed has mean(xs**2) >= 1/(4 D), never 0.
+            # rstd = 1/sqrt(eps) and xhat = 0 exactly, whatever the scale (0 * inf = NaN where
+            # eps is 0, as on every other row). An RMSNorm row that overflowed has
+            # mean(xs**2) >= 1/(4 D), never 0.
+            r0 = 1.0 / np.sqrt(eps_c)
             zero = var_s == 0  # (B,)
-            xc[big] = np.where(zero[:, None], 0.0, xs * rstd_s[:, None])  # (B, D)
-            rstd[big] = np.where(zero, 1.0 / np.sqrt(eps), np.ldexp(rstd_s, -e))  # (B,)
+            xc[big] = np.where(zero[:, None], 0.0 * r0, xs * rstd_s[:, None])  # (B, D)
+            rstd[big] = np.where(zero, r0, np.ldexp(rstd_s, -e))  # (B,)
     return xc, rstd
 
 

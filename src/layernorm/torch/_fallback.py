@@ -75,6 +75,8 @@ def _params(weight: Tensor | None, bias: Tensor | None, centred: bool, zero_cent
 
 
 def _forward(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+    if x.dim() == 0 or x.shape[-1] == 0:  # as the C++ operator refuses it
+        raise ValueError(f"layernorm: x must be (..., D) with D >= 1, got {tuple(x.shape)}")
     d = x.shape[-1]
     m = x.numel() // d
     for t, name, shape in ((x, "x", None), (residual, "residual", tuple(x.shape)),
