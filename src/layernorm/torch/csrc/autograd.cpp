@@ -39,6 +39,53 @@ variable_list h_only(const Tensor& dh, ScalarType x_dtype, ScalarType r_dtype) {
   return out;
 }
 
+// What both forwards record beside the tensors they save, and both backwards read back.
+struct Flags {
+  bool centred, zcg;
+  ScalarType x_dtype;
+  std::optional<ScalarType> r_dtype;  // the residual's dtype: an add-norm's only
+
+  static void save(AutogradContext* ctx, bool centred, bool zcg, const Tensor& x,
+                   const OptTensor& residual) {
+    ctx->saved_data["centred"] = centred;
+    ctx->saved_data["zcg"] = zcg;
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["r_dtype"] =
+        residual.has_value() ? static_cast<int64_t>(residual->scalar_type()) : -1;
+  }
+
+  static Flags load(AutogradContext* ctx) {
+    const int64_t r = ctx->saved_data["r_dtype"].toInt();
+    return {ctx->saved_data["centred"].toBool(), ctx->saved_data["zcg"].toBool(),
+            static_cast<ScalarType>(ctx->saved_data["x_dtype"].toInt()),
+            r < 0 ? std::nullopt : std::optional<ScalarType>(static_cast<ScalarType>(r))};
+  }
+
+  // An add-norm's dresidual equals dx where the two share a dtype: one tensor serves both, as
+  // autograd's own x + residual does, so the kernel writes one gradient instead of two.
+  bool shared() const { return r_dtype.has_value() && *r_dtype == x_dtype; }
+};
+
+// The gradients when no kernel runs: none without dy and dh, and dh's alone (h_only) without
+// dy; nothing where dy is given.
+std::optional<variable_list> without_dy(const Flags& f, const Tensor& dy, const Tensor& dh) {
+  if (dy.defined()) return std::nullopt;
+  if (!dh.defined()) return variable_list(8);
+  return h_only(dh, f.x_dtype, *f.r_dtype);
+}
+
+// The op's inputs' gradients as autograd takes them: dresidual for an add-norm alone, dweight
+// and dbias where the parameter was given.
+variable_list gradients(const Flags& f, const Tensor& dx, const Tensor& dres, const Tensor& dw,
+                        const Tensor& db, const Tensor& weight, const Tensor& bias) {
+  variable_list out(8);
+  out[0] = dx;
+  if (f.r_dtype.has_value()) out[1] = dres;
+  if (weight.defined()) out[2] = dw;
+  if (bias.defined()) out[3] = db;
+  return out;
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> composite_backward(
     const Tensor& dy, const Tensor& dh, const Tensor& xn, const Tensor& weight,
     const Tensor& bias, double eps, bool centred, bool zero_centered_gamma, ScalarType x_dtype,
@@ -76,14 +123,10 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
       std::tie(y, h, s0, s1) =
           op.call(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype);
     }
-    const bool add = residual.has_value();
-    ctx->save_for_backward({add ? h : x, weight.value_or(Tensor()), bias.value_or(Tensor()),
-                            s0, s1});
+    ctx->save_for_backward({residual.has_value() ? h : x, weight.value_or(Tensor()),
+                            bias.value_or(Tensor()), s0, s1});
     ctx->saved_data["eps"] = eps;
-    ctx->saved_data["centred"] = centred;
-    ctx->saved_data["zcg"] = zero_centered_gamma;
-    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["r_dtype"] = add ? static_cast<int64_t>(residual->scalar_type()) : -1;
+    Flags::save(ctx, centred, zero_centered_gamma, x, residual);
     ctx->mark_non_differentiable({s0, s1});
     ctx->set_materialize_grads(false);  // an unused y or h costs nothing in the backward
     return {y, h, s0, s1};
@@ -96,35 +139,21 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     const auto saved = ctx->get_saved_variables();
     const Tensor &xn = saved[0], &weight = saved[1], &bias = saved[2];
     const double eps = ctx->saved_data["eps"].toDouble();
-    const bool centred = ctx->saved_data["centred"].toBool();
-    const bool zcg = ctx->saved_data["zcg"].toBool();
-    const auto x_dtype = static_cast<ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    const int64_t r = ctx->saved_data["r_dtype"].toInt();
-    const std::optional<ScalarType> r_dtype =
-        r < 0 ? std::nullopt : std::optional<ScalarType>(static_cast<ScalarType>(r));
+    const Flags f = Flags::load(ctx);
     const Tensor& dy = grads[0];
-    const Tensor dh = r_dtype.has_value() ? grads[1] : Tensor();
-    variable_list out(8);
-    if (!dy.defined() && !dh.defined()) return out;
-    if (!dy.defined()) return h_only(dh, x_dtype, *r_dtype);
+    const Tensor dh = f.r_dtype.has_value() ? grads[1] : Tensor();
+    if (auto out = without_dy(f, dy, dh)) return *out;
     Tensor dx, dres, dw, db;
-    // an add-norm's dresidual equals dx where the two share a dtype: one tensor serves both,
-    // as autograd's own x + residual does, so the kernel writes one gradient instead of two
-    const bool shared = r_dtype.has_value() && *r_dtype == x_dtype;
     if (at::GradMode::is_enabled()) {  // the backward is being differentiated
-      std::tie(dx, dres, dw, db) =
-          composite_backward(dy, dh, xn, weight, bias, eps, centred, zcg, x_dtype, r_dtype);
+      std::tie(dx, dres, dw, db) = composite_backward(dy, dh, xn, weight, bias, eps, f.centred,
+                                                      f.zcg, f.x_dtype, f.r_dtype);
     } else {
       std::tie(dx, dres, dw, db) =
-          op.call(dy, given(dh), xn, given(weight), given(bias), saved[3], saved[4], centred,
-                  zcg, x_dtype, shared ? std::nullopt : r_dtype);
-      if (shared) dres = dx;
+          op.call(dy, given(dh), xn, given(weight), given(bias), saved[3], saved[4], f.centred,
+                  f.zcg, f.x_dtype, f.shared() ? std::nullopt : f.r_dtype);
+      if (f.shared()) dres = dx;
     }
-    out[0] = dx;
-    if (r_dtype.has_value()) out[1] = dres;
-    if (weight.defined()) out[2] = dw;
-    if (bias.defined()) out[3] = db;
-    return out;
+    return gradients(f, dx, dres, dw, db, weight, bias);
   }
 };
 
@@ -153,13 +182,9 @@ struct NormYFunction : public torch::autograd::Function<NormYFunction> {
       std::tie(y, h, s0, s1, keep, kept, rows, xrows) =
           op.call(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype);
     }
-    const bool add = residual.has_value();
     ctx->save_for_backward({y, weight.value_or(Tensor()), bias.value_or(Tensor()), s0, s1, keep,
                             kept, rows, xrows});
-    ctx->saved_data["centred"] = centred;
-    ctx->saved_data["zcg"] = zero_centered_gamma;
-    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["r_dtype"] = add ? static_cast<int64_t>(residual->scalar_type()) : -1;
+    Flags::save(ctx, centred, zero_centered_gamma, x, residual);
     ctx->mark_non_differentiable({s0, s1, keep, kept, rows, xrows});
     ctx->set_materialize_grads(false);
     return {y, h, s0, s1, keep, kept, rows, xrows};
@@ -171,36 +196,24 @@ struct NormYFunction : public torch::autograd::Function<NormYFunction> {
                          .typed<BwdYSig>();
     const auto saved = ctx->get_saved_variables();
     const Tensor &y = saved[0], &weight = saved[1], &bias = saved[2];
-    const bool centred = ctx->saved_data["centred"].toBool();
-    const bool zcg = ctx->saved_data["zcg"].toBool();
-    const auto x_dtype = static_cast<ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    const int64_t r = ctx->saved_data["r_dtype"].toInt();
-    const std::optional<ScalarType> r_dtype =
-        r < 0 ? std::nullopt : std::optional<ScalarType>(static_cast<ScalarType>(r));
+    const Flags f = Flags::load(ctx);
     const Tensor& dy = grads[0];
-    const Tensor dh = r_dtype.has_value() ? grads[1] : Tensor();
-    variable_list out(8);
-    if (!dy.defined() && !dh.defined()) return out;
+    const Tensor dh = f.r_dtype.has_value() ? grads[1] : Tensor();
     // without dy there is no norm term: dh's derivative is exact, and differentiable
-    if (!dy.defined()) return h_only(dh, x_dtype, *r_dtype);
+    if (auto out = without_dy(f, dy, dh)) return *out;
     // the second derivative needs rstd's and the kept xhat's dependence on x, which is not kept
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "layernorm: the backward of a memory_efficient=True norm cannot be "
                 "differentiated (create_graph=True, double backward): it "
                 "keeps y, not the input whose statistics the second derivative "
                 "differentiates; use memory_efficient=False");
-    const bool shared = r_dtype.has_value() && *r_dtype == x_dtype;
     Tensor dx, dres, dw, db;
     std::tie(dx, dres, dw, db) =
         op.call(dy, given(dh), y, given(weight), given(bias), saved[3], saved[4], saved[5],
-                saved[6], saved[7], saved[8], centred, zcg, x_dtype,
-                shared ? std::nullopt : r_dtype);
-    if (shared) dres = dx;
-    out[0] = dx;
-    if (r_dtype.has_value()) out[1] = dres;
-    if (weight.defined()) out[2] = dw;
-    if (bias.defined()) out[3] = db;
-    return out;
+                saved[6], saved[7], saved[8], f.centred, f.zcg, f.x_dtype,
+                f.shared() ? std::nullopt : f.r_dtype);
+    if (f.shared()) dres = dx;
+    return gradients(f, dx, dres, dw, db, weight, bias);
   }
 };
 
