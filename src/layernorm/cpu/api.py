@@ -232,14 +232,6 @@ def engine_runs() -> bool:
 SERIAL_ELEMENTS = 1 << 14
 
 
-def threads() -> int:
-    """The threads a call of the NumPy API may use: torch's, ``torch.set_num_threads``, where
-    the engine runs; else 1 (the fallback runs on the calling thread)."""
-    if _engine() is not None:
-        return _torch.get_num_threads()
-    return 1
-
-
 def _tensor(a: np.ndarray | None):
     """``a`` as a tensor on the same memory, or None."""
     if a is None:
