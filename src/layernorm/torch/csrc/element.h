@@ -185,13 +185,19 @@ inline wide_t<T> load_wide(const S* p) {
   }
 }
 
-// One level of the lanes' fixed tree and the levels below it: acc[l] += acc[l + W] for l < W,
-// then W / 2, ... 1. Each level's additions are independent, so the compiler does a level in
-// a few vector instructions; the order, and so the bits, are those of the scalar loops.
-template <int W>
-inline void fold_levels(double* acc) {
-  for (int l = 0; l < W; ++l) acc[l] += acc[l + W];
-  if constexpr (W > 1) fold_levels<W / 2>(acc);
+// The lanes' fixed tree: acc[l] += acc[l + N/2] for l < N/2, then N/4, ..., 1, returning acc[0].
+// Each level is one vector addition of the two halves; the order, and so the bits, are those of
+// the scalar loops.
+template <int N>
+inline double tree(vec<double, N> acc) {
+  if constexpr (N == 1) {
+    return acc[0];
+  } else {
+    vec<double, N / 2> lo, hi;
+    std::memcpy(&lo, &acc, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&acc) + sizeof lo, sizeof hi);
+    return tree<N / 2>(lo + hi);
+  }
 }
 
 // The kLanes<T> partial sums of a block.
@@ -199,20 +205,19 @@ template <typename T>
 struct Lanes {
   wide_t<T> g[kGroups<T>] = {};
 
-  // Lane l's partial sum.
-  T lane(int l) const { return g[l / kWidth<T>][l % kWidth<T>]; }
-
   // The lanes added in the fixed tree, in double, after the block's last elements (fewer than
   // kLanes, in `tail`, n of them) went to lanes 0, 1, ... in T: T rounds only within a lane.
+  // (The other lanes add -0.0, which leaves every value as it is.) All in vector registers: the
+  // fold costs a few instructions, not a loop over the lanes.
   double fold(const T* tail, int n) const {
     constexpr int L = kLanes<T>;
-    T last[L];
-    for (int l = 0; l < L; ++l) last[l] = lane(l);
-    for (int l = 0; l < n; ++l) last[l] += tail[l];
-    double acc[L];
-    for (int l = 0; l < L; ++l) acc[l] = static_cast<double>(last[l]);
-    fold_levels<L / 2>(acc);
-    return acc[0];
+    T pad[L];
+    for (int l = 0; l < L; ++l) pad[l] = T(-0.0);
+    std::memcpy(pad, tail, static_cast<size_t>(n) * sizeof(T));
+    vec<T, L> last, t;
+    std::memcpy(&last, g, sizeof last);
+    std::memcpy(&t, pad, sizeof t);
+    return tree<L>(__builtin_convertvector(last + t, vec<double, L>));
   }
 };
 
