@@ -40,19 +40,25 @@ rstd**2 * eps > 1/2 (var < eps), and it applies only where the shift is non-zero
 recovered channel: without a shift t = y exactly and recovery keeps y's relative accuracy on
 every row.
 
-Every backend (the reference, the fused CPU kernels, the torch operator in C++, the Triton
-launcher) applies this rule; the tests compare their kept sets.
+The rule is written once for arrays, in :func:`recovered_of` and :func:`whole_rows` (operators
+only, so NumPy arrays and torch tensors alike): the reference, the NumPy API and its fallback
+call it through :func:`kept_channels` and :func:`kept_rows`, the torch operator's CUDA and
+fallback paths through ``layernorm.torch._ops``. The C++ CPU operator states it once more in
+C++ (``keep_of`` and ``rows_of`` in ``cpu_ops.cpp``, with MARGIN passed from here); the tests
+compare the kept sets of all of them.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from .dtypes import info
 
-__all__ = ["MARGIN", "kept_channels", "kept_rows", "limits", "recovered"]
+__all__ = ["MARGIN", "kept_channels", "kept_rows", "limits", "recovered", "recovered_of",
+           "whole_rows"]
 
 MARGIN = 4.0
 """The largest |shift_j| / |scale_j| (tiny included) for which xhat_j is recovered from y."""
@@ -62,6 +68,20 @@ def limits(y_dtype: object) -> tuple[float, float]:
     """(tiny, largest) of y's dtype: its smallest normal number and its largest finite one."""
     d = info(y_dtype)
     return math.ldexp(d.subnormal, d.significand_bits - 1), d.largest
+
+
+def recovered_of(s: Any, b: Any, tiny: float, largest: float, d: int) -> Any:
+    """(D,) bool: the rule itself (module docstring) on ``s`` = |scale| and ``b`` = |shift|,
+    (D,) float64 arrays of NumPy or torch (operators only: the result is of the same kind),
+    with y's dtype's ``tiny`` and ``largest`` (:func:`limits`). NaN compares false: kept."""
+    return (MARGIN * s >= b + tiny) & (s * math.sqrt(d) + b <= largest / 2)
+
+
+def whole_rows(rstd: Any, eps: float) -> Any:
+    """(M,) bool: the rows whose variance is below eps, rstd**2 * eps > 1/2 on each row's true
+    rstd (M,) float64, NumPy's or torch's (module docstring, "Rows"; the caller checks the
+    shift). inf * 0 (eps = 0) compares false: not kept."""
+    return rstd * rstd * eps > 0.5
 
 
 def recovered(scale: np.ndarray | None, shift: np.ndarray | None, y_dtype: object,
@@ -75,7 +95,7 @@ def recovered(scale: np.ndarray | None, shift: np.ndarray | None, y_dtype: objec
     s = np.ones(d) if scale is None else np.abs(np.asarray(scale, dtype=np.float64))
     b = np.zeros(d) if shift is None else np.abs(np.asarray(shift, dtype=np.float64))
     with np.errstate(over="ignore", invalid="ignore"):
-        return (MARGIN * s >= b + tiny) & (s * math.sqrt(d) + b <= largest / 2)
+        return recovered_of(s, b, tiny, largest, d)
 
 
 def kept_channels(scale: np.ndarray | None, shift: np.ndarray | None, y_dtype: object,
@@ -97,4 +117,4 @@ def kept_rows(rstd: np.ndarray, eps: float, shift: np.ndarray | None,
         return np.empty(0, np.int64)
     r = np.asarray(rstd, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 (eps = 0): not kept
-        return np.flatnonzero(r * r * eps > 0.5).astype(np.int64)
+        return np.flatnonzero(whole_rows(r, eps)).astype(np.int64)

@@ -340,10 +340,10 @@ def _ref(t: torch.Tensor) -> np.ndarray:
 
 
 def test_kept_channels_follow_recovery():
-    """Protects the one rule in three implementations: layernorm.recovery.kept_channels, its
-    torch version (the CUDA path's) and the C++ operator's, on random, zero, tiny, huge, inf
-    and NaN scales and shifts, zero-centred or not, for y in every dtype (float16's overflow
-    term included)."""
+    """Protects the one rule in its two statements: layernorm.recovery.recovered_of (through
+    kept_channels on NumPy arrays, and the CUDA path's torch version) and the C++ operator's,
+    on random, zero, tiny, huge, inf and NaN scales and shifts, zero-centred or not, for y in
+    every dtype (float16's overflow term included)."""
     g = torch.Generator().manual_seed(5)
     d = 40
     w = torch.randn(d, generator=g, dtype=torch.float64) * torch.logspace(-6, 6, d,
@@ -370,22 +370,23 @@ def test_kept_channels_follow_recovery():
 
 def _rows_case(d: int, eps: float, g: torch.Generator) -> torch.Tensor:
     """(9, D) float64 rows of known variance: zeros, a constant, var = eps/10, eps/4 (kept:
-    rstd**2 eps = 0.8), 10 eps and 1 (not kept), then N(0, 1) rows."""
+    rstd**2 eps = 0.8), 10 eps, 1 and 1.5 eps (not kept: rstd**2 eps = 0.4, near the rule's
+    1/2), the others N(0, 1)."""
     x = torch.randn(9, d, generator=g, dtype=torch.float64)
     x[1] = 0.0
     x[3] = -7.5
-    for i, var in ((4, eps / 10), (5, eps / 4), (6, 10 * eps), (7, 1.0)):
+    for i, var in ((4, eps / 10), (5, eps / 4), (6, 10 * eps), (7, 1.0), (8, 1.5 * eps)):
         z = torch.randn(d, generator=g, dtype=torch.float64)
         x[i] = 2.0 + var ** 0.5 * (z - z.mean()) / z.std(correction=0)
     return x
 
 
 def test_kept_rows_follow_recovery():
-    """Protects the rows' rule in three implementations: the C++ operator's fwd_y, the
-    ops' fallback kernel (_fallback's fwd_y) and the CUDA path's torch version (_ops.kept_rows) keep
-    the rows layernorm.recovery.kept_rows names from the forward's rstd (rows of var < eps),
-    and the NumPy API's; xrows is their xhat in T; none without bias, with bias 0, or with a
-    bias on the kept channels alone; none for RMSNorm."""
+    """Protects the rows' rule (layernorm.recovery.whole_rows, and the C++ operator's): the C++
+    operator's fwd_y, the ops' fallback kernel (_fallback's fwd_y) and the CUDA path's torch
+    version (_ops.kept_rows) keep the rows layernorm.recovery.kept_rows names from the forward's
+    rstd (rows of var < eps), and the NumPy API's; xrows is their xhat in T; none without
+    bias, with bias 0, or with a bias on the kept channels alone; none for RMSNorm."""
     g = torch.Generator().manual_seed(14)
     d, eps = 24, 1e-5
     x0 = _rows_case(d, eps, g)

@@ -45,14 +45,13 @@ a backward run with ``create_graph=True`` (double backward) raises
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..cpu.statistics import NSTATS
-from ..recovery import MARGIN
+from ..recovery import recovered_of, whole_rows
 from . import _fallback, _native
 from ._dtypes import compute_dtype
 
@@ -148,8 +147,7 @@ def kept_channels(weight: Tensor | None, bias: Tensor | None, zero_centered_gamm
     b = (torch.zeros(d, dtype=f64, device=device) if bias is None
          else bias.detach().to(compute).to(f64).abs())
     fi = torch.finfo(y_dtype)
-    recovered = (MARGIN * s >= b + fi.tiny) & (s * math.sqrt(d) + b <= fi.max / 2)
-    return torch.nonzero(~recovered).view(-1)
+    return torch.nonzero(~recovered_of(s, b, fi.tiny, fi.max, d)).view(-1)
 
 
 # --- CUDA: the Triton kernels ---------------------------------------------------------------
@@ -229,8 +227,7 @@ def kept_rows(rstd: Tensor, eps: float, bias: Tensor | None, keep: Tensor,
     live[keep] = 0.0
     if not bool((live != 0).any()):
         return none
-    r = rstd.to(torch.float64)
-    return torch.nonzero(r * r * eps > 0.5).view(-1)
+    return torch.nonzero(whole_rows(rstd.to(torch.float64), eps)).view(-1)
 
 
 def _xhat64(v: Tensor, mean: Tensor, rstd: Tensor, s: Tensor | None,
