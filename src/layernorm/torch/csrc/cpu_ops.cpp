@@ -46,13 +46,19 @@ int64_t check_backward(const Tensor& dy, const OptTensor& dh, const Tensor& src,
 // x (..., D), normalized over its last axis as M = numel / D rows: y and h of x's shape (h
 // an empty (0,) without residual) and stats ((M, NSTATS) float64, or (0, NSTATS) when the
 // caller keeps none).
+// D of x (..., D), checked: D >= 1.
+int64_t row_length(const Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) >= 1, "layernorm: x must be (..., D) with D >= 1, got ",
+              x.sizes());
+  return x.size(-1);
+}
+
 std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& residual,
                                            const OptTensor& weight, const OptTensor& bias,
                                            double eps, bool centred, bool zero_centered_gamma,
-                                           std::optional<ScalarType> h_dtype, bool keep) {
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) >= 1, "layernorm: x must be (..., D) with D >= 1, got ",
-              x.sizes());
-  const int64_t d = x.size(-1), m = x.numel() / d;
+                                           std::optional<ScalarType> h_dtype, bool keep,
+                                           const RowsHook& after = {}) {
+  const int64_t d = row_length(x), m = x.numel() / d;
   const bool add = residual.has_value();
   check_cpu(x, "x");
   if (add) check_like(*residual, x, "residual", "x");
@@ -71,7 +77,6 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
   }
   Tensor stats = at::empty({keep ? m : 0, engine::kStats}, x.options().dtype(at::kDouble));
   if (m == 0) return {y, h, stats};
-  // the parameters in the compute dtype, once a call (no copy where they already are)
   // the parameters in the compute dtype for this call (no copy where they already are)
   const void* scale = param_row(weight, d, cdt, zero_centered_gamma, 1.0, 0);
   const void* shift = param_row(bias, d, cdt, false, 0.0, 1);
@@ -90,7 +95,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
                           dtype_of(xdt),
                           add ? dtype_of(rc.scalar_type()) : engine::Dtype::none,
                           add ? dtype_of(hdt) : engine::Dtype::none};
-  run_forward(a, kSerialElements);
+  run_forward(a, kSerialElements, after);
   return {y, h, stats};
 }
 
@@ -178,10 +183,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cpu(
 }
 
 // --- the memory-efficient pair -----------------------------------------------------------
-// fwd_y: the forward, then keep, kept, rows and xrows. keep (k,) int64 is layernorm.recovery's
-// rule on the scale and shift as the kernel formed them in T (weight, or 1 + weight, ones
-// without it; bias, zeros without it), compared in float64 against y's dtype's smallest normal
-// (tiny) and largest numbers:
+// fwd_y: keep, then the forward with kept, then rows and xrows. keep (k,) int64 is
+// layernorm.recovery's rule on the scale and shift as the kernel formed them in T (weight, or
+// 1 + weight, ones without it; bias, zeros without it), compared in float64 against y's dtype's
+// smallest normal (tiny) and largest numbers:
 //   recovered  <=>  MARGIN |scale_j| >= |shift_j| + tiny  and  |scale_j| sqrt(D) + |shift_j| <=
 //                   largest / 2
 // and kept (M, k) is xhat of the other channels from the statistics, in float64 rounded to T:
@@ -268,9 +273,45 @@ Tensor rows_of(const Tensor& stats, double eps, const at::TensorOptions& options
   return out;
 }
 
-// (n, c) in cdt: xhat of the rows `rows` (n of them, or every row where null) and the channels
-// `cols` (c of them, or every channel where null) of xn (M, D), from the statistics, in float64
-// rounded once to cdt. kept is (M, k) of the channels keep, xrows (r, D) of the rows kept whole.
+// Rows [i0, i1) of out (n, c), float32 or float64: xhat of xn's rows (row i is rows[i], or i
+// where rows is null) at the channels `cols` (c of them, or every channel where null), xn
+// (M, D) contiguous of dtype xdt, from the statistics st (M, NSTATS), in float64 rounded once
+// to out's dtype: ((x SCALE - HI) - LO) RSTD.
+void xhat_rows(const void* xn, ScalarType xdt, const double* st, const int64_t* rows,
+               int64_t i0, int64_t i1, const int64_t* cols, int64_t c, int64_t d,
+               const Tensor& out) {
+  const int64_t ns = engine::kStats;
+  const int64_t chi = engine::kHi, clo = engine::kLo, cr = engine::kRstd, cs = engine::kScale;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xdt, "xhat", [&] {
+    const scalar_t* xp = static_cast<const scalar_t*>(xn);
+    auto fill = [&](auto* op) {
+      using T = std::remove_pointer_t<decltype(op)>;
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t row_i = rows ? rows[i] : i;
+        const double* s = st + row_i * ns;
+        const double sc = s[cs], hi = s[chi], lo = s[clo], r = s[cr];
+        const scalar_t* row = xp + row_i * d;
+        T* o = op + i * c;
+        if (cols) {
+          for (int64_t j = 0; j < c; ++j) {
+            o[j] = static_cast<T>(((static_cast<double>(row[cols[j]]) * sc - hi) - lo) * r);
+          }
+        } else {
+          for (int64_t j = 0; j < c; ++j) {
+            o[j] = static_cast<T>(((static_cast<double>(row[j]) * sc - hi) - lo) * r);
+          }
+        }
+      }
+    };
+    if (out.scalar_type() == ScalarType::Double) {
+      fill(out.mutable_data_ptr<double>());
+    } else {
+      fill(out.mutable_data_ptr<float>());
+    }
+  });
+}
+
+// (n, c) in cdt: xhat_rows of every one of the n rows `rows` of xn (M, D), over torch's threads.
 Tensor xhat_of(const Tensor& xn, const Tensor& stats, const int64_t* rows, int64_t n,
                const int64_t* cols, int64_t c, ScalarType cdt) {
   const int64_t d = xn.size(-1);
@@ -278,36 +319,8 @@ Tensor xhat_of(const Tensor& xn, const Tensor& stats, const int64_t* rows, int64
   if (n == 0 || c == 0) return out;
   const Tensor xc = xn.contiguous();
   const double* st = stats.const_data_ptr<double>();
-  const int64_t ns = engine::kStats;
-  const int64_t chi = engine::kHi, clo = engine::kLo, cr = engine::kRstd, cs = engine::kScale;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "xhat", [&] {
-    const scalar_t* xp = xc.const_data_ptr<scalar_t>();
-    auto fill = [&](auto* op) {
-      using T = std::remove_pointer_t<decltype(op)>;
-      parallel(0, n, grain(c), [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t row_i = rows ? rows[i] : i;
-          const double* s = st + row_i * ns;
-          const double sc = s[cs], hi = s[chi], lo = s[clo], r = s[cr];
-          const scalar_t* row = xp + row_i * d;
-          T* o = op + i * c;
-          if (cols) {
-            for (int64_t j = 0; j < c; ++j) {
-              o[j] = static_cast<T>(((static_cast<double>(row[cols[j]]) * sc - hi) - lo) * r);
-            }
-          } else {
-            for (int64_t j = 0; j < c; ++j) {
-              o[j] = static_cast<T>(((static_cast<double>(row[j]) * sc - hi) - lo) * r);
-            }
-          }
-        }
-      });
-    };
-    if (cdt == ScalarType::Double) {
-      fill(out.mutable_data_ptr<double>());
-    } else {
-      fill(out.mutable_data_ptr<float>());
-    }
+  parallel(0, n, grain(c), [&](int64_t i0, int64_t i1) {
+    xhat_rows(xc.const_data_ptr(), xc.scalar_type(), st, rows, i0, i1, cols, c, d, out);
   });
   return out;
 }
@@ -317,20 +330,29 @@ using Tensors8 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tens
 Tensors8 fwd_y_cpu(const Tensor& x, const OptTensor& residual, const OptTensor& weight,
                    const OptTensor& bias, double eps, bool centred, bool zero_centered_gamma,
                    std::optional<ScalarType> h_dtype) {
-  auto [y, h, stats] = forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
-                               h_dtype, true);
+  const int64_t d = row_length(x), m = x.numel() / d;
   const bool add = residual.has_value();
-  const ScalarType cdt = compute(add ? h_dtype.value_or(x.scalar_type()) : x.scalar_type());
-  const int64_t d = x.size(-1), m = stats.size(0);
+  const ScalarType ndt = add ? h_dtype.value_or(x.scalar_type()) : x.scalar_type();  // xn's
+  const ScalarType cdt = compute(ndt);
   auto [keep, shifted] =
       keep_of(weight, bias, zero_centered_gamma, cdt, x.scalar_type(), d, x.options());
-  const Tensor& xn = add ? h : x;
-  Tensor kept = xhat_of(xn, stats, nullptr, m, keep.const_data_ptr<int64_t>(), keep.numel(),
-                        cdt);
+  const int64_t k = keep.numel();
+  const int64_t* cols = keep.const_data_ptr<int64_t>();
+  // the kept channels' xhat taken by each task from the rows it has just normalized, while
+  // they are in cache
+  Tensor kept = at::empty({m, k}, x.options().dtype(cdt));
+  RowsHook gather;
+  if (k > 0) {
+    gather = [&](const engine::Forward& a, int64_t i0, int64_t i1) {
+      xhat_rows(add ? a.h : a.x, ndt, a.stats, nullptr, i0, i1, cols, k, d, kept);
+    };
+  }
+  auto [y, h, stats] = forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                               h_dtype, true, gather);
   Tensor rows = shifted ? rows_of(stats, eps, x.options())
                         : at::empty({0}, x.options().dtype(at::kLong));
-  Tensor xrows = xhat_of(xn, stats, rows.const_data_ptr<int64_t>(), rows.numel(), nullptr, d,
-                         cdt);
+  Tensor xrows = xhat_of(add ? h : x, stats, rows.const_data_ptr<int64_t>(), rows.numel(),
+                         nullptr, d, cdt);
   return {y, h, stats, at::empty({m, 0}, x.options().dtype(at::kLong)), keep, kept, rows, xrows};
 }
 

@@ -202,11 +202,22 @@ int64_t grain(int64_t d, int64_t serial_elements) {
   return std::max<int64_t>(1, (serial_elements + d - 1) / std::max<int64_t>(d, 1));
 }
 
-// The engine's forward of `a` over torch's threads.
-void run_forward(const engine::Forward& a, int64_t serial_elements) {
+// The engine's forward of `a` over torch's threads; with `after`, in steps of rows, each
+// step's hook called by the task that wrote them.
+void run_forward(const engine::Forward& a, int64_t serial_elements, const RowsHook& after) {
   if (a.m == 0) return;
-  parallel(0, a.m, grain(a.d, serial_elements),
-                   [&](int64_t i0, int64_t i1) { engine::forward_rows(a, i0, i1); });
+  const int64_t step = std::max<int64_t>(1, kHookBytes / (8 * a.d));
+  parallel(0, a.m, grain(a.d, serial_elements), [&](int64_t i0, int64_t i1) {
+    if (!after) {
+      engine::forward_rows(a, i0, i1);
+      return;
+    }
+    for (int64_t s = i0; s < i1; s += step) {
+      const int64_t e = std::min(i1, s + step);
+      engine::forward_rows(a, s, e);
+      after(a, s, e);
+    }
+  });
 }
 
 // The engine's backward of `a` over its row chunks on torch's threads (one chunk a task; all on

@@ -59,7 +59,12 @@ int64_t grain(int64_t d, int64_t serial_elements = kSerialElements);
 // of a process that used one.
 void parallel(int64_t begin, int64_t end, int64_t grain_size,
               const std::function<void(int64_t, int64_t)>& f);
-void run_forward(const engine::Forward& a, int64_t serial_elements);
+// What a caller does with rows [i0, i1) of a forward right after the engine wrote them, while
+// they are in cache (the memory-efficient forward's kept channels).
+using RowsHook = std::function<void(const engine::Forward&, int64_t, int64_t)>;
+// Rows of a forward between a hook's calls: about this many bytes of 8-byte elements.
+constexpr int64_t kHookBytes = int64_t(1) << 18;
+void run_forward(const engine::Forward& a, int64_t serial_elements, const RowsHook& after = {});
 void run_chunks(engine::Backward a, const Tensor& sums, int64_t serial_elements);
 
 }  // namespace layernorm::op
