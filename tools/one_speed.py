@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 import layernorm.cpu as lnc
 import layernorm.torch as lt
 from layernorm.bench import results
-from layernorm.bench.harness import PAUSE_S, batch, set_threads
+from layernorm.bench.harness import interleaved, reps_for, set_threads
 from layernorm.bench.machine import run_meta
 from layernorm.family import NORMS
 
@@ -93,14 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in NORMS:
         for m, d in SHAPES:
             calls = _calls(name, m, d, rng)
-            reps = {k: max(1, int(0.05 / max(min(batch(f, 1) for _ in range(3)), 1e-6)))
-                    for k, f in calls.items()}
-            ms: dict[str, list[float]] = {k: [] for k in calls}
-            order = list(calls)
-            for i in range(args.rounds):
-                for k in order[i % len(order):] + order[:i % len(order)]:
-                    ms[k].append(batch(calls[k], reps[k]) * 1e3)
-                    time.sleep(PAUSE_S)
+            reps = {k: reps_for(f, 0.05) for k, f in calls.items()}
+            ms = {k: [t * 1e3 for t in v]
+                  for k, v in interleaved(calls, reps, args.rounds).items()}
             fr = [a / b for a, b in zip(ms["numpy fwd"], ms["torch fwd"], strict=True)]
             br = [a / b for a, b in zip(ms["numpy bwd"], ms["torch bwd"], strict=True)]
             row = {"norm": name, "shape": [m, d], "dtype": "float32", "threads": args.threads,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import layernorm.torch as lt
-from layernorm.bench.harness import batch, set_threads
+from layernorm.bench.harness import interleaved, reps_for, set_threads
 from layernorm.torch._modules import PerHeadLayerNorm
 
 
@@ -49,14 +49,8 @@ def _timed(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, np.nd
     reps = {}
     for k, fn in fns.items():
         fn()  # warm: first-call work, pages faulted in
-        once = min(batch(fn, 1) for _ in range(3))
-        reps[k] = max(1, round(0.05 / max(once, 1e-7)))
-    keys = list(fns)
-    times: dict[str, list[float]] = {k: [] for k in keys}
-    for r in range(rounds):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            times[k].append(batch(fns[k], reps[k]))
-    return {k: np.array(v) for k, v in times.items()}
+        reps[k] = reps_for(fn, 0.05)
+    return {k: np.array(v) for k, v in interleaved(fns, reps, rounds, pause=0.0).items()}
 
 
 def main() -> None:

@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -62,8 +63,8 @@ from . import providers, results
 from .machine import run_meta
 
 __all__ = ["PAUSE_S", "SHARED_GRADIENT", "STANDARD_SHAPES", "Case", "batch", "bench_case",
-           "check", "first_call_latency", "llc_bytes", "pass_bytes", "regime", "run_bench",
-           "set_threads", "threads"]
+           "check", "first_call_latency", "interleaved", "llc_bytes", "pass_bytes", "regime",
+           "reps_for", "run_bench", "set_threads", "threads"]
 
 # Implementations whose add-norm backward returns one tensor as the gradient of both x and the
 # residual (autograd's own x + residual does, compiled or not; layernorm.torch does where the
@@ -71,6 +72,8 @@ __all__ = ["PAUSE_S", "SHARED_GRADIENT", "STANDARD_SHAPES", "Case", "batch", "be
 SHARED_GRADIENT = ("layernorm.torch", "torch", "torch.compile")
 
 STANDARD_SHAPES: tuple[tuple[int, ...], ...] = ((8, 512, 768), (4, 1024, 4096), (1, 64, 65536))
+K = TypeVar("K")
+
 PAUSE_S = 0.005  # between batches: lets the previous OpenMP pool's spinning threads sleep
 
 
@@ -211,6 +214,34 @@ def batch(fn: Callable[[], object], reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+def reps_for(fn: Callable[[], object], target_s: float, cap: int | None = None) -> int:
+    """Calls in a batch of about ``target_s`` seconds (at most ``cap``), from the fastest of
+    three single calls: one call slowed by another process would set too few."""
+    once = min(batch(fn, 1) for _ in range(3))
+    n = max(1, round(target_s / max(once, 1e-7)))
+    return n if cap is None else min(cap, n)
+
+
+def interleaved(calls: dict[K, Callable[[], object]], reps: dict[K, int], rounds: int,
+                pause: float | None = None,
+                progress: Callable[[int, K], None] | None = None) -> dict[K, list[float]]:
+    """Seconds per call of each of ``calls``, one figure a round, each a batch of ``reps[k]``
+    calls: every round times every call in turn, the order rotated by one round by round (so
+    that no call always follows the same one), ``pause`` seconds (:data:`PAUSE_S` where None)
+    before each batch, after ``progress(round, key)``."""
+    pause = PAUSE_S if pause is None else pause
+    keys = list(calls)
+    times: dict[K, list[float]] = {k: [] for k in keys}
+    for r in range(rounds):
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            if progress is not None:
+                progress(r, k)
+            if pause:
+                time.sleep(pause)
+            times[k].append(batch(calls[k], reps[k]))
+    return times
+
+
 def threads() -> int:
     """The threads the timed libraries use: PyTorch's (the engine runs on them), else 1."""
     try:
@@ -252,18 +283,10 @@ def bench_case(case: Case, backends: list[str], rounds: int, quick: bool,
     for key, fn in pairs.items():
         progress(f"{case.label}: warming up {key[0]} {key[1]}")
         fn()  # compiles, faults the pages in
-        # the fastest of three calls: one call slowed by another process would set too few
-        once = min(batch(fn, 1) for _ in range(3))
-        reps[key] = max(1, min(10_000, round(target / max(once, 1e-7))))
-    keys = list(pairs)
-    times: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
+        reps[key] = reps_for(fn, target, cap=10_000)
     wall0, cpu0 = time.perf_counter(), _cpu_seconds()
-    for r in range(rounds):
-        order = keys[r % len(keys):] + keys[:r % len(keys)]
-        for key in order:
-            progress(f"{case.label}: round {r + 1}/{rounds} {key[0]} {key[1]}")
-            time.sleep(PAUSE_S)
-            times[key].append(batch(pairs[key], reps[key]))
+    times = interleaved(pairs, reps, rounds, progress=lambda r, key: progress(
+        f"{case.label}: round {r + 1}/{rounds} {key[0]} {key[1]}"))
     wall, cpu1 = time.perf_counter() - wall0, _cpu_seconds()
     other = (None if cpu0 is None or cpu1 is None
              else max(0.0, (cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1])) / wall)

@@ -48,7 +48,7 @@ import numpy as np
 
 from ..family import norm as family_norm
 from . import providers, results
-from .harness import batch
+from .harness import interleaved, reps_for
 from .machine import run_meta
 
 __all__ = ["DEFAULT_DTYPES", "FULL_DTYPES", "GOAL", "IMPLS", "MODES", "PEERS", "ROUNDS", "SHAPES",
@@ -309,14 +309,8 @@ def measure(case: Case, rounds: int, impls: tuple[str, ...] = IMPLS) -> dict:
         reps = {}
         for impl, fn in calls.items():
             fn()
-            once = min(batch(fn, 1) for _ in range(3))
-            reps[impl] = max(1, min(20_000, round(TARGET_S / max(once, 1e-7))))
-        times: dict[str, list[float]] = {k: [] for k in calls}
-        keys = list(calls)
-        for r in range(rounds):
-            for impl in keys[r % len(keys):] + keys[:r % len(keys)]:
-                time.sleep(PAUSE_S)
-                times[impl].append(batch(calls[impl], reps[impl]))
+            reps[impl] = reps_for(fn, TARGET_S, cap=20_000)
+        times = interleaved(calls, reps, rounds, pause=PAUSE_S)
     for impl, ts in times.items():
         p20, p50, p80 = np.percentile(ts, [20, 50, 80])
         row["providers"][impl].update(p20_ms=p20 * 1e3, p50_ms=p50 * 1e3, p80_ms=p80 * 1e3,
