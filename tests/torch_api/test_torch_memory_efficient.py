@@ -342,8 +342,8 @@ def _ref(t: torch.Tensor) -> np.ndarray:
 def test_kept_channels_follow_recovery():
     """Protects the one rule in its two statements: layernorm.recovery.recovered_of (through
     kept_channels on NumPy arrays, and the CUDA path's torch version) and the C++ operator's,
-    on random, zero, tiny, huge, inf and NaN scales and shifts, zero-centred or not, for y in
-    every dtype (float16's overflow term included)."""
+    on random, zero, tiny, huge, inf and NaN scales and shifts and on the margin itself,
+    zero-centred or not, for y in every dtype (float16's overflow term included)."""
     g = torch.Generator().manual_seed(5)
     d = 40
     w = torch.randn(d, generator=g, dtype=torch.float64) * torch.logspace(-6, 6, d,
@@ -351,6 +351,10 @@ def test_kept_channels_follow_recovery():
     b = torch.randn(d, generator=g, dtype=torch.float64) * 3
     w[:6] = torch.tensor([0.0, -1.0, float("inf"), float("nan"), 1e-40, 2e4])
     b[6:9] = torch.tensor([float("nan"), float("inf"), 0.0])
+    # on the margin, MARGIN |scale| = |shift|: recovered where tiny is lost in |shift| + tiny
+    # (y in float32, bfloat16, float64), kept where it is not (float16)
+    w[9:11] = torch.tensor([1.0, -1.0]) / recovery.MARGIN
+    b[9:11] = torch.tensor([-1.0, 1.0])
     x = torch.randn(3, d, generator=g, dtype=torch.float64)
     for ydt in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         for zcg in (False, True):
