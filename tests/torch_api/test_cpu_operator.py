@@ -291,3 +291,41 @@ def test_a_direct_op_call_with_wrong_shapes_is_refused(call, message):
     x, w = torch.randn(4, 8), torch.randn(8)
     with pytest.raises(ValueError, match=message):
         call(x, w)
+
+
+def _nh_hash(row: np.ndarray, block_bytes: int) -> int:
+    """The engine's row checksum as element.h states it, in Python integers: the row's bits as
+    32-bit words (word w keyed by K0 + w K, mod 2**32), each block of ``block_bytes`` padded
+    with zero bits to whole pairs, the pairs (a, b) multiplied to 64 bits and summed mod 2**64."""
+    k0, k = 0x7F4A7C15, 0x9E3779B9
+    raw = row.tobytes()
+    total = 0
+    for start in range(0, len(raw), block_bytes):
+        blk = raw[start:start + block_bytes]
+        blk += bytes(-len(blk) % 8)
+        words = np.frombuffer(blk, np.uint32).astype(np.uint64)
+        w = np.arange(len(words), dtype=np.uint64) + start // 4
+        keyed = (words + ((k0 + w * k) & 0xFFFFFFFF)) & 0xFFFFFFFF
+        total += int((keyed[0::2] * keyed[1::2]).sum(dtype=np.uint64))  # wraps mod 2**64
+    return total % 2**64
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+def test_the_checksum_is_the_stated_hash(dtype):
+    """Protects the engine's row checksum (element.h, block_checksum): the forward's value of
+    each row is the NH hash element.h states, computed here from the row's bytes, at row
+    lengths that end inside a vector, inside a pair of words, and on a block's edge (512
+    elements), so a vector loop that keyed a lane wrongly, or dropped a tail, fails even where
+    the forward and the backward would agree with each other."""
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    from layernorm.dtypes import resolve
+
+    dt = resolve(dtype)
+    rng = np.random.default_rng(21)
+    for d in (1, 3, 17, 40, 511, 512, 513, 1100):
+        x = rng.standard_normal((3, d)).astype(dt)
+        _, cache = lnc.rms_norm_forward(x)
+        want = [_nh_hash(row, 512 * x.itemsize) for row in x]
+        assert cache.check.tolist() == want, (dtype, d)

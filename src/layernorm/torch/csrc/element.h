@@ -15,6 +15,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <type_traits>
 
 #include "engine.h"
@@ -248,6 +251,19 @@ constexpr uint32_t kKeyStep = 0x9E3779B9u, kKey0 = 0x7F4A7C15u;
 // chance near 2^-32; one 32 x 32-bit multiply per two words, which the compiler turns into the
 // vector unit's lanes. A last part pair of words is padded with zero bits. The sum of a row's
 // blocks is the row's checksum, however the row is split into blocks.
+// Lane for lane, the 64-bit product of the low 32-bit words of a and b: one instruction where
+// the CPU has it (the compiler does not see that masked operands need no 64 x 64 multiply).
+template <typename U>
+inline U mul_low_words(U a, U b) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(U) == 64) return (U)_mm512_mul_epu32((__m512i)a, (__m512i)b);
+#endif
+#if defined(__AVX2__)
+  if constexpr (sizeof(U) == 32) return (U)_mm256_mul_epu32((__m256i)a, (__m256i)b);
+#endif
+  return (a & 0xFFFFFFFFu) * (b & 0xFFFFFFFFu);
+}
+
 template <typename S>
 uint64_t block_checksum(const S* blk, int64_t n, int64_t j0) {
   const int64_t bytes = n * static_cast<int64_t>(sizeof(S));
@@ -256,7 +272,33 @@ uint64_t block_checksum(const S* blk, int64_t n, int64_t j0) {
   const int64_t word0 = j0 * static_cast<int64_t>(sizeof(S)) / 4;  // blk's first word's index
   uint32_t key = kKey0 + static_cast<uint32_t>(word0) * kKeyStep;
   uint64_t ck = 0;
-  for (int64_t t = 0; t < pairs; ++t) {
+  // P pairs a vector: each 64-bit lane holds a pair, its words' keys added in its two halves,
+  // the low words multiplied to 64 bits (the same sum as the scalar loop below, in another
+  // order: integers, exact)
+  constexpr int P = kVectorBytes / 8;
+  using U = vec<uint64_t, P>;
+  U ka, kb, acc0{}, acc1{};
+  for (int l = 0; l < P; ++l) {
+    ka[l] = key + static_cast<uint32_t>(2 * l) * kKeyStep;
+    kb[l] = ka[l] + kKeyStep;
+  }
+  const U step = U{} + static_cast<uint64_t>(static_cast<uint32_t>(2 * P * kKeyStep));
+  int64_t t = 0;
+  for (; t + 2 * P <= pairs; t += 2 * P) {
+    U v0, v1;
+    std::memcpy(&v0, p + t, sizeof v0);
+    std::memcpy(&v1, p + t + P, sizeof v1);
+    acc0 += mul_low_words(v0 + ka, (v0 >> 32) + kb);
+    ka += step;
+    kb += step;
+    acc1 += mul_low_words(v1 + ka, (v1 >> 32) + kb);
+    ka += step;
+    kb += step;
+  }
+  acc0 += acc1;
+  for (int l = 0; l < P; ++l) ck += acc0[l];
+  key += static_cast<uint32_t>(2 * t) * kKeyStep;
+  for (; t < pairs; ++t) {
     const uint64_t v = p[t];
     const uint32_t a = static_cast<uint32_t>(v) + key;
     const uint32_t b = static_cast<uint32_t>(v >> 32) + (key + kKeyStep);
