@@ -272,28 +272,29 @@ uint64_t block_checksum(const S* blk, int64_t n, int64_t j0) {
   const int64_t word0 = j0 * static_cast<int64_t>(sizeof(S)) / 4;  // blk's first word's index
   uint32_t key = kKey0 + static_cast<uint32_t>(word0) * kKeyStep;
   uint64_t ck = 0;
-  // P pairs a vector: each 64-bit lane holds a pair, its words' keys added in its two halves,
-  // the low words multiplied to 64 bits (the same sum as the scalar loop below, in another
-  // order: integers, exact)
+  // P pairs a vector: its words keyed by one 32-bit addition each, then each 64-bit lane's two
+  // words multiplied to 64 bits (the same sum as the scalar loop below, in another order:
+  // integers, exact)
   constexpr int P = kVectorBytes / 8;
   using U = vec<uint64_t, P>;
-  U ka, kb, acc0{}, acc1{};
-  for (int l = 0; l < P; ++l) {
-    ka[l] = key + static_cast<uint32_t>(2 * l) * kKeyStep;
-    kb[l] = ka[l] + kKeyStep;
+  using W = vec<uint32_t, 2 * P>;
+  W k0, k1;
+  for (int w = 0; w < 2 * P; ++w) {
+    k0[w] = key + static_cast<uint32_t>(w) * kKeyStep;
+    k1[w] = key + static_cast<uint32_t>(w + 2 * P) * kKeyStep;
   }
-  const U step = U{} + static_cast<uint64_t>(static_cast<uint32_t>(2 * P * kKeyStep));
+  const W step = W{} + static_cast<uint32_t>(4 * P) * kKeyStep;
+  U acc0{}, acc1{};
   int64_t t = 0;
   for (; t + 2 * P <= pairs; t += 2 * P) {
-    U v0, v1;
+    W v0, v1;
     std::memcpy(&v0, p + t, sizeof v0);
     std::memcpy(&v1, p + t + P, sizeof v1);
-    acc0 += mul_low_words(v0 + ka, (v0 >> 32) + kb);
-    ka += step;
-    kb += step;
-    acc1 += mul_low_words(v1 + ka, (v1 >> 32) + kb);
-    ka += step;
-    kb += step;
+    const U s0 = (U)(v0 + k0), s1 = (U)(v1 + k1);
+    acc0 += mul_low_words(s0, s0 >> 32);
+    acc1 += mul_low_words(s1, s1 >> 32);
+    k0 += step;
+    k1 += step;
   }
   acc0 += acc1;
   for (int l = 0; l < P; ++l) ck += acc0[l];
