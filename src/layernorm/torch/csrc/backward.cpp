@@ -101,15 +101,16 @@ struct Sums {
   uint64_t checksum = 0;
 };
 
-// (sum_j u_j, sum_j u_j (x_j - hi)) with u = dy scale, in T blocks joined in double; the
-// checksum of x in a loop of its own.
-template <typename T, typename S, typename DY>
-Sums sum_grad(const S* x, const DY* dy, const T* scale, T hi, int64_t d, bool with_checksum) {
+// (sum_j u_j, sum_j u_j (x_j - hi)) with u = dy scale, in T blocks joined in double; with
+// kHash, x's checksum from the same loads (the forward's, sum_centred).
+template <bool kHash, typename T, typename S, typename DY>
+Sums sum_grad(const S* x, const DY* dy, const T* scale, T hi, int64_t d) {
   constexpr int L = kLanes<T>;
   Sums out;
   for (int64_t j0 = 0; j0 < d; j0 += kBlock) {
     const int64_t n = std::min(kBlock, d - j0);
     Lanes<T> a1, a2;
+    BlockHash hash(word_of<S>(j0));
     int64_t j = 0;
     for (; j + L <= n; j += L) {
       for (int k = 0; k < kGroups<T>; ++k) {
@@ -118,7 +119,13 @@ Sums sum_grad(const S* x, const DY* dy, const T* scale, T hi, int64_t d, bool wi
         a1.g[k] += u;
         a2.g[k] += u * (load_wide<T>(x + o) - hi);
       }
+      if constexpr (kHash) {
+        for (int q = 0; q < kHashVectors<S, L>; ++q) {
+          hash.add(reinterpret_cast<const char*>(x + j0 + j) + q * kVectorBytes);
+        }
+      }
     }
+    if constexpr (kHash) out.checksum += hash.finish(x + j0 + j, (n - j) * sizeof(S));
     T t1[L], t2[L];
     int r = 0;
     for (; j < n; ++j, ++r) {
@@ -127,7 +134,6 @@ Sums sum_grad(const S* x, const DY* dy, const T* scale, T hi, int64_t d, bool wi
     }
     out.su += static_cast<double>(a1.fold(t1, r));
     out.sut += static_cast<double>(a2.fold(t2, r));
-    if (with_checksum) out.checksum += block_checksum(x + j0, n, j0);
   }
   return out;
 }
@@ -294,7 +300,8 @@ struct Kernel {
     if constexpr (!kFromY) {
       r.hi = static_cast<T>(s[kHi]);
       r.lo = static_cast<T>(s[kLo]);
-      const Sums g = sum_grad(src_row(i), dy_row(i), scale, r.hi, d, verify);
+      const Sums g = verify ? sum_grad<true>(src_row(i), dy_row(i), scale, r.hi, d)
+                            : sum_grad<false>(src_row(i), dy_row(i), scale, r.hi, d);
       su = g.su;
       sut = g.sut;
       same = !verify || g.checksum == a.checksum[i];
@@ -403,7 +410,7 @@ struct Kernel {
     }
     const double down = std::ldexp(1.0, -k);
     for (int64_t j = 0; j < d; ++j) dys[j] = static_cast<double>(load(dyr[j])) * down;
-    const Sums g = sum_grad(xs, dys.data(), gs.data(), hi, d, false);
+    const Sums g = sum_grad<false>(xs, dys.data(), gs.data(), hi, d);
     const double n = static_cast<double>(d);
     const double mg = a.centred ? g.su / n : 0.0;
     const double mgx = rx * (g.sut - lo * g.su) / n;
@@ -465,7 +472,7 @@ struct Kernel {
   void whole_row(int64_t i, int64_t q, double* pg, double* pb, std::vector<double>& buf) const {
     const T* xr = static_cast<const T*>(a.recovery->xrows) + q * d;
     const double* s = a.stats + i * kStats;
-    const Sums g = sum_grad(xr, dy_row(i), scale, T(0), d, false);
+    const Sums g = sum_grad<false>(xr, dy_row(i), scale, T(0), d);
     const double n = static_cast<double>(d);
     Row<T> r{T(0), T(0), static_cast<T>(s[kRstd]), a.centred ? static_cast<T>(g.su / n) : T(0),
              static_cast<T>(g.sut / n)};

@@ -12,6 +12,7 @@
 // (mul_add) where a kernel wants it.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -237,20 +238,9 @@ inline uint64_t bits_of(S v) {
 }
 
 // --- a row's checksum --------------------------------------------------------------------
-// A row's bits read as 64-bit words, at any alignment and whatever the element type.
-typedef uint64_t __attribute__((__may_alias__, __aligned__(1))) dword_t;
-
 // Odd constants of the checksum's keys: word w of a row is keyed by kKey0 + w * kKeyStep.
 constexpr uint32_t kKeyStep = 0x9E3779B9u, kKey0 = 0x7F4A7C15u;
 
-// The checksum of the n elements at blk, elements j0 .. j0 + n - 1 of their row (j0 a
-// multiple of kBlock): the row's bits as 32-bit words, each plus a key of its position, the
-// pairs (a, b) of words multiplied to 64 bits and the products summed (the NH hash). The
-// products make every change that a sum of bits would cancel (a row negated or scaled by a
-// power of two, |x|, a pattern of sign flips, a swap of elements) change the sum but by a
-// chance near 2^-32; one 32 x 32-bit multiply per two words, which the compiler turns into the
-// vector unit's lanes. A last part pair of words is padded with zero bits. The sum of a row's
-// blocks is the row's checksum, however the row is split into blocks.
 // Lane for lane, the 64-bit product of the low 32-bit words of a and b: one instruction where
 // the CPU has it (the compiler does not see that masked operands need no 64 x 64 multiply).
 template <typename U>
@@ -264,56 +254,73 @@ inline U mul_low_words(U a, U b) {
   return (a & 0xFFFFFFFFu) * (b & 0xFFFFFFFFu);
 }
 
-template <typename S>
-uint64_t block_checksum(const S* blk, int64_t n, int64_t j0) {
-  const int64_t bytes = n * static_cast<int64_t>(sizeof(S));
-  const int64_t pairs = bytes / 8;
-  const dword_t* p = reinterpret_cast<const dword_t*>(blk);
-  const int64_t word0 = j0 * static_cast<int64_t>(sizeof(S)) / 4;  // blk's first word's index
-  uint32_t key = kKey0 + static_cast<uint32_t>(word0) * kKeyStep;
-  uint64_t ck = 0;
-  // P pairs a vector: its words keyed by one 32-bit addition each, then each 64-bit lane's two
-  // words multiplied to 64 bits (the same sum as the scalar loop below, in another order:
-  // integers, exact)
-  constexpr int P = kVectorBytes / 8;
+// The checksum of a block of a row, elements j0 .. j0 + n - 1 (j0 a multiple of kBlock): the
+// block's bits as 32-bit words, each plus a key of its position in the row, the pairs (a, b) of
+// words multiplied to 64 bits and the products summed (the NH hash). The products make every
+// change that a sum of bits would cancel (a row negated or scaled by a power of two, |x|, a
+// pattern of sign flips, a swap of elements) change the sum but by a chance near 2^-32. A last
+// part pair of words is padded with zero bits. The sum of a row's blocks is the row's
+// checksum, however the row is split into blocks.
+//
+// It is taken in the order of the block's bytes: add() hashes the next kVectorBytes (a vector
+// of P pairs: each word keyed by one 32-bit addition, each 64-bit lane's two words multiplied),
+// finish() the last bytes (fewer than a vector, pair by pair) and returns the sum. A sweep that
+// reads the block anyway calls add() on what it has just loaded, so the hash costs no pass of
+// its own (integers: the sum is exact, in any order).
+class BlockHash {
+ public:
+  static constexpr int P = kVectorBytes / 8;
+
+  explicit BlockHash(int64_t word0) {  // word0: the block's first word's index in the row
+    const uint32_t key = kKey0 + static_cast<uint32_t>(word0) * kKeyStep;
+    for (int w = 0; w < 2 * P; ++w) keys_[w] = key + static_cast<uint32_t>(w) * kKeyStep;
+  }
+
+  void add(const void* p) {
+    W v;
+    std::memcpy(&v, p, sizeof v);
+    const U s = (U)(v + keys_);
+    acc_ += mul_low_words(s, s >> 32);
+    keys_ += W{} + static_cast<uint32_t>(2 * P) * kKeyStep;
+  }
+
+  uint64_t finish(const void* p, int64_t bytes) const {
+    uint64_t ck = 0;
+    for (int l = 0; l < P; ++l) ck += acc_[l];
+    uint32_t key = keys_[0];  // the next word's
+    const char* c = static_cast<const char*>(p);
+    for (int64_t b = 0; b < bytes; b += 8) {
+      uint64_t v = 0;
+      std::memcpy(&v, c + b, std::min<int64_t>(8, bytes - b));
+      const uint32_t lo = static_cast<uint32_t>(v) + key;
+      const uint32_t hi = static_cast<uint32_t>(v >> 32) + (key + kKeyStep);
+      ck += static_cast<uint64_t>(lo) * hi;
+      key += 2 * kKeyStep;
+    }
+    return ck;
+  }
+
+ private:
   using U = vec<uint64_t, P>;
   using W = vec<uint32_t, 2 * P>;
-  W k0, k1;
-  for (int w = 0; w < 2 * P; ++w) {
-    k0[w] = key + static_cast<uint32_t>(w) * kKeyStep;
-    k1[w] = key + static_cast<uint32_t>(w + 2 * P) * kKeyStep;
-  }
-  const W step = W{} + static_cast<uint32_t>(4 * P) * kKeyStep;
-  U acc0{}, acc1{};
-  int64_t t = 0;
-  for (; t + 2 * P <= pairs; t += 2 * P) {
-    W v0, v1;
-    std::memcpy(&v0, p + t, sizeof v0);
-    std::memcpy(&v1, p + t + P, sizeof v1);
-    const U s0 = (U)(v0 + k0), s1 = (U)(v1 + k1);
-    acc0 += mul_low_words(s0, s0 >> 32);
-    acc1 += mul_low_words(s1, s1 >> 32);
-    k0 += step;
-    k1 += step;
-  }
-  acc0 += acc1;
-  for (int l = 0; l < P; ++l) ck += acc0[l];
-  key += static_cast<uint32_t>(2 * t) * kKeyStep;
-  for (; t < pairs; ++t) {
-    const uint64_t v = p[t];
-    const uint32_t a = static_cast<uint32_t>(v) + key;
-    const uint32_t b = static_cast<uint32_t>(v >> 32) + (key + kKeyStep);
-    ck += static_cast<uint64_t>(a) * b;
-    key += 2 * kKeyStep;
-  }
-  if (bytes % 8 != 0) {
-    uint64_t v = 0;
-    std::memcpy(&v, reinterpret_cast<const char*>(blk) + 8 * pairs, bytes % 8);
-    const uint32_t a = static_cast<uint32_t>(v) + key;
-    const uint32_t b = static_cast<uint32_t>(v >> 32) + (key + kKeyStep);
-    ck += static_cast<uint64_t>(a) * b;
-  }
-  return ck;
+  W keys_;  // the keys of the next vector's words
+  U acc_{};
+};
+
+// The index of element j's first word in its row of S.
+template <typename S>
+constexpr int64_t word_of(int64_t j) {
+  return j * static_cast<int64_t>(sizeof(S)) / 4;
 }
+
+// How many of BlockHash's vectors a sweep's step of L elements of S holds: every sweep's step
+// is a whole number of them (64 or 128 bytes against vectors of 32 or 64).
+template <typename S, int L>
+constexpr int hash_vectors() {
+  static_assert(L * sizeof(S) % kVectorBytes == 0, "a sweep's step must be whole vectors");
+  return L * static_cast<int>(sizeof(S)) / kVectorBytes;
+}
+template <typename S, int L>
+constexpr int kHashVectors = hash_vectors<S, L>();
 
 }  // namespace layernorm::engine

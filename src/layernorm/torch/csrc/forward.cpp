@@ -52,16 +52,18 @@ struct Sums {
   uint64_t checksum = 0;
 };
 
-// (sum_j d_j, sum_j d_j^2) with d = row - m0 in T, blocks of kBlock joined in double; the
-// checksum in a loop of its own, so the sums have the same bits with it or without.
-template <typename S, typename T = compute_t<S>>
-Sums sum_centred(const S* row, int64_t d, T m0, bool with_checksum) {
+// (sum_j d_j, sum_j d_j^2) with d = row - m0 in T, blocks of kBlock joined in double; with
+// kHash, the row's checksum from the same loads (integers beside the sums: the sums have the
+// same bits with it or without).
+template <bool kHash, typename S, typename T = compute_t<S>>
+Sums sum_centred(const S* row, int64_t d, T m0) {
   constexpr int L = kLanes<T>;
   Sums out;
   for (int64_t j0 = 0; j0 < d; j0 += kBlock) {
     const int64_t n = std::min(kBlock, d - j0);
     const S* blk = row + j0;
     Lanes<T> a1, a2;
+    BlockHash hash(word_of<S>(j0));
     int64_t j = 0;
     for (; j + L <= n; j += L) {
       for (int k = 0; k < kGroups<T>; ++k) {
@@ -69,7 +71,13 @@ Sums sum_centred(const S* row, int64_t d, T m0, bool with_checksum) {
         a1.g[k] += v;
         a2.g[k] += v * v;
       }
+      if constexpr (kHash) {
+        for (int q = 0; q < kHashVectors<S, L>; ++q) {
+          hash.add(reinterpret_cast<const char*>(blk + j) + q * kVectorBytes);
+        }
+      }
     }
+    if constexpr (kHash) out.checksum += hash.finish(blk + j, (n - j) * sizeof(S));
     T t1[L], t2[L];
     int r = 0;
     for (; j < n; ++j, ++r) {
@@ -78,7 +86,6 @@ Sums sum_centred(const S* row, int64_t d, T m0, bool with_checksum) {
     }
     out.s1 += static_cast<double>(a1.fold(t1, r));
     out.s2 += static_cast<double>(a2.fold(t2, r));
-    if (with_checksum) out.checksum += block_checksum(blk, n, j0);
   }
   return out;
 }
@@ -86,8 +93,8 @@ Sums sum_centred(const S* row, int64_t d, T m0, bool with_checksum) {
 // sum_j row_j^2 in s2: in double for float32 rows (each square exact there, so the sum keeps
 // y within its own roundings on rows of one magnitude, docs/numerics.md), in T joined in
 // double for the others.
-template <typename S, typename T = compute_t<S>>
-Sums sum_squares(const S* row, int64_t d, bool with_checksum) {
+template <bool kHash, typename S, typename T = compute_t<S>>
+Sums sum_squares(const S* row, int64_t d) {
   using W = std::conditional_t<std::is_same_v<S, float>, double, T>;
   constexpr int L = kLanes<W>;
   Sums out;
@@ -95,13 +102,20 @@ Sums sum_squares(const S* row, int64_t d, bool with_checksum) {
     const int64_t n = std::min(kBlock, d - j0);
     const S* blk = row + j0;
     Lanes<W> a;
+    BlockHash hash(word_of<S>(j0));
     int64_t j = 0;
     for (; j + L <= n; j += L) {
       for (int k = 0; k < kGroups<W>; ++k) {
         const wide_t<W> v = load_wide<W>(blk + j + k * kWidth<W>);
         a.g[k] += v * v;
       }
+      if constexpr (kHash) {
+        for (int q = 0; q < kHashVectors<S, L>; ++q) {
+          hash.add(reinterpret_cast<const char*>(blk + j) + q * kVectorBytes);
+        }
+      }
     }
+    if constexpr (kHash) out.checksum += hash.finish(blk + j, (n - j) * sizeof(S));
     W t[L];
     int r = 0;
     for (; j < n; ++j, ++r) {
@@ -109,7 +123,6 @@ Sums sum_squares(const S* row, int64_t d, bool with_checksum) {
       t[r] = v * v;
     }
     out.s2 += static_cast<double>(a.fold(t, r));
-    if (with_checksum) out.checksum += block_checksum(blk, n, j0);
   }
   return out;
 }
@@ -139,19 +152,19 @@ template <typename S, typename T = compute_t<S>>
 RowStats<T> row_stats(const S* row, int64_t d, double eps, bool centred, bool with_checksum) {
   const double n = static_cast<double>(d);
   if (!centred) {
-    const Sums s = sum_squares(row, d, with_checksum);
+    const Sums s = with_checksum ? sum_squares<true>(row, d) : sum_squares<false>(row, d);
     const double ms = s.s2 / n;
     return {T(0), T(0), 1.0 / std::sqrt(ms + eps),
             std::isfinite(static_cast<double>(static_cast<T>(ms))), s.checksum};
   }
   T m0 = sample_mean(row, d);
-  Sums s = sum_centred(row, d, m0, with_checksum);
+  Sums s = with_checksum ? sum_centred<true>(row, d, m0) : sum_centred<false>(row, d, m0);
   double c = s.s1 / n;
   double var = s.s2 / n - c * c;
   if (c * c > var * kRecentre) {  // the sample missed the mean: centre on the mean just found
     m0 = static_cast<T>(static_cast<double>(m0) + c);
     const uint64_t checksum = s.checksum;  // of the same bits: taken once
-    s = sum_centred(row, d, m0, false);
+    s = sum_centred<false>(row, d, m0);
     s.checksum = checksum;
     c = s.s1 / n;
     var = s.s2 / n - c * c;
