@@ -313,7 +313,7 @@ def _nh_hash(row: np.ndarray, block_bytes: int) -> int:
 @needs_native
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
 def test_the_checksum_is_the_stated_hash(dtype):
-    """Protects the engine's row checksum (element.h, block_checksum): the forward's value of
+    """Protects the engine's row checksum (element.h, BlockHash): the forward's value of
     each row is the NH hash element.h states, computed here from the row's bytes, at row
     lengths that end inside a vector, inside a pair of words, and on a block's edge (512
     elements), so a vector loop that keyed a lane wrongly, or dropped a tail, fails even where
