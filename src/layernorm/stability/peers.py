@@ -189,15 +189,21 @@ def _peer_row(case: PeerCase, rng: np.random.Generator, ours: tuple[str, object]
 
 
 def _versions() -> str:
-    """The peers' library versions, as the table's note gives them."""
+    """The peers' library versions, as the table's note gives them, with the vector instruction
+    set torch's CPU kernels and Inductor's code use here (their sums' order, and so their
+    figures, follow it)."""
     import importlib
 
     found = []
     for lib in ("torch", "onnxruntime", "onnx"):
         try:
-            found.append(f"{lib} {importlib.import_module(lib).__version__}")
+            module = importlib.import_module(lib)
         except ImportError:
             found.append(f"{lib} not installed")
+            continue
+        found.append(f"{lib} {module.__version__}")
+        if lib == "torch":
+            found[-1] += f" ({module.backends.cpu.get_cpu_capability()})"
     return ", ".join(found)
 
 
