@@ -44,9 +44,10 @@ The rule is written once for arrays, in :func:`recovered_of` and :func:`whole_ro
 only, so NumPy arrays and torch tensors alike): the reference, the NumPy API and its fallback
 call it through :func:`kept_channels` and :func:`kept_rows`, the torch operator's CUDA and
 fallback paths through ``layernorm.torch._ops``. The C++ CPU operator states it once more in
-C++ (``keep_of`` and ``rows_of`` in ``cpu_ops.cpp``, with MARGIN passed from here): called
-through the dispatcher from the operator, this statement costs two calls back into Python on
-every memory-efficient forward, several times the whole forward of a small batch. The tests
+C++ (``keep_of`` and ``rows_of`` in ``cpu_ops.cpp``, with MARGIN passed from here): calling
+this statement from the operator through the dispatcher instead would cost two calls back
+into Python on every memory-efficient forward, several times the whole forward of a small
+batch. The tests
 compare the kept sets of all of them, at the rule's boundaries included.
 """
 

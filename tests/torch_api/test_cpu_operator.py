@@ -311,13 +311,16 @@ def _nh_hash(row: np.ndarray, block_bytes: int) -> int:
 
 
 @needs_native
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_rms_norm"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
-def test_the_checksum_is_the_stated_hash(dtype):
+def test_the_checksum_is_the_stated_hash(name, dtype):
     """Protects the engine's row checksum (element.h, BlockHash): the forward's value of
-    each row is the NH hash element.h states, computed here from the row's bytes, at row
-    lengths that end inside a vector, inside a pair of words, and on a block's edge (512
-    elements), so a vector loop that keyed a lane wrongly, or dropped a tail, fails even where
-    the forward and the backward would agree with each other."""
+    each row (of x, or of h for an add-norm) is the NH hash element.h states, computed here
+    from the row's bytes, for both statistics sweeps that take it (LayerNorm's and RMSNorm's
+    steps differ) at row lengths that end inside a vector, inside a pair of words, and on a
+    block's edge (512 elements), so a vector loop that keyed a lane wrongly, or dropped a tail,
+    fails even where the forward and the backward (which must agree with it) would agree with
+    each other."""
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
     from layernorm.dtypes import resolve
@@ -326,6 +329,9 @@ def test_the_checksum_is_the_stated_hash(dtype):
     rng = np.random.default_rng(21)
     for d in (1, 3, 17, 40, 511, 512, 513, 1100):
         x = rng.standard_normal((3, d)).astype(dt)
-        _, cache = lnc.rms_norm_forward(x)
-        want = [_nh_hash(row, 512 * x.itemsize) for row in x]
-        assert cache.check.tolist() == want, (dtype, d)
+        if name == "add_rms_norm":
+            _, rows, cache = lnc.add_rms_norm_forward(x, rng.standard_normal((3, d)).astype(dt))
+        else:
+            rows, cache = x, getattr(lnc, f"{name}_forward")(x)[1]
+        want = [_nh_hash(row, 512 * rows.itemsize) for row in rows]
+        assert cache.check.tolist() == want, (name, dtype, d)

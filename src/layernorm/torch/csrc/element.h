@@ -264,9 +264,9 @@ inline U mul_low_words(U a, U b) {
 //
 // It is taken in the order of the block's bytes: add() hashes the next kVectorBytes (a vector
 // of P pairs: each word keyed by one 32-bit addition, each 64-bit lane's two words multiplied),
-// finish() the last bytes (fewer than a vector, pair by pair) and returns the sum. A sweep that
-// reads the block anyway calls add() on what it has just loaded, so the hash costs no pass of
-// its own (integers: the sum is exact, in any order).
+// finish() the block's last bytes (what the sweep's vector steps leave, pair by pair) and
+// returns the sum. A sweep that reads the block anyway calls add() on what it has just loaded,
+// so the hash costs no pass of its own (integers: the sum is exact, in any order).
 class BlockHash {
  public:
   static constexpr int P = kVectorBytes / 8;
