@@ -204,10 +204,11 @@ def _versions(peer_lines: list[str]) -> str:
 
 def _same_but_fused_last_digits(printed: str, appendix: str) -> bool:
     """Equal line by line, except that a fused CPU row's figures may differ by up to 4x with the
-    same verdict (a few float64 rows move by an ulp from one machine to another, though the
-    engine's sums do not depend on the vector width: built for 32- and 64-byte vectors it
-    prints the same table), and so may every figure of the peers' table (whose sums do follow
-    the vector width); the peers' table is compared only
+    same verdict (the float64 rows of ±10^U(160, 300) moved by an ulp between an AVX-512 and an
+    AVX2 machine: their inputs come from NumPy's float64 power, whose vectorised code differs
+    by CPU, while the engine's sums do not follow the vector width: built for 32- and 64-byte
+    vectors it prints the same table), and so may every figure of the peers' table (whose sums
+    do follow it); the peers' table is compared only
     where the peers' versions and torch's CPU instruction set are those the appendix names."""
     got, got_peers = _split_peers(printed)
     want, want_peers = _split_peers(appendix)
