@@ -1,4 +1,5 @@
-"""The Triton kernels of the family (:mod:`layernorm.gpu.kernels`) and their launchers
+"""The Triton kernels of the family (:mod:`layernorm.gpu.kernels`, which names those of
+:mod:`layernorm.gpu.forward` and :mod:`layernorm.gpu.backward`) and their launchers
 (:mod:`layernorm.gpu.launch`), which :mod:`layernorm.torch` runs on CUDA tensors.
 
     from layernorm.gpu import layer_norm, LayerNorm      # aliases of layernorm.torch's
