@@ -491,7 +491,7 @@ def test_memory_efficient_table_reports_recovery_without_its_rules(monkeypatch):
     pytest.importorskip("ml_dtypes")
     from layernorm import reference
 
-    monkeypatch.setattr(reference, "kept_rows", lambda *a: np.empty(0, np.int64))
+    monkeypatch.setattr(reference.core, "kept_rows", lambda *a: np.empty(0, np.int64))
     monkeypatch.setattr(stability.memory_efficient, "_family_modules",
                         lambda: [("reference", reference)])
     table, failed = stability.memory_efficient_table(stability.FULL,

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from layernorm import family
-from layernorm.bench import gpu
+from layernorm.bench import gpu, gpu_measure
 from layernorm.commands import count
 
 KNOBS = ("MAX_SHORT_D_FWD", "MAX_SHORT_D_BWD", "SHORT_TILE", "LONG_BLOCK", "PROGRAMS_PER_SM",
@@ -99,7 +99,7 @@ def measure(session: object, launch: object, device: str, dtype: str, ns: list[i
             eps = family.norm(norm).eps
             for pass_ in gpu.PASSES:
                 for name, settings in variants.items():
-                    prov = gpu.Provider(f"layernorm[{name}]", gpu._ours(norm, N, eps))
+                    prov = gpu.Provider(f"layernorm[{name}]", gpu_measure._ours(norm, N, eps))
                     with settings_of(launch, settings):
                         row, detail = gpu._measure_one(session, device, prov, norm, dtype, M, N,
                                                        pass_, copy, print, uncaptured)
@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
 
     from layernorm.gpu import launch
 
-    rows = measure(gpu.CudaSession(args.rounds), launch, torch.cuda.get_device_name(),
+    rows = measure(gpu_measure.CudaSession(args.rounds), launch, torch.cuda.get_device_name(),
                    args.dtype, args.n or DEFAULT_NS, args.norm or list(gpu.NORMS), variants,
                    args.out)
     print("\n".join(["", *format_lines(rows, list(variants))]))

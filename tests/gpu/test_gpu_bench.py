@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from layernorm.bench import gpu as bench
+from layernorm.bench import gpu_measure as measuring
 from layernorm.commands import bench as command
 from layernorm.family import NORMS
 
@@ -354,14 +355,14 @@ def test_provider_discovery_absent_when_unimportable(monkeypatch):
     for name in ("liger_kernel", "quack"):
         monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
     for norm in NORMS:
-        found, notes = bench.providers_for(norm, 256)
+        found, notes = measuring.providers_for(norm, 256)
         assert [p.name for p in found] == ["layernorm", "torch", "torch.compile"]
         # neither library has an add + LayerNorm: nothing to miss there
         missed = [] if norm == "add_layer_norm" else ["liger", "quack"]
         assert [n.split(": ")[0] for n in notes] == missed
         assert all("(ModuleNotFoundError: " in n for n in notes)
     monkeypatch.setitem(sys.modules, "layernorm.torch", None)
-    found, notes = bench.providers_for("rms_norm", 256)
+    found, notes = measuring.providers_for("rms_norm", 256)
     assert [p.name for p in found] == ["torch", "torch.compile"]
     assert notes[0].startswith("layernorm: no rms_norm from layernorm.torch (ModuleNotFoundError")
 
@@ -436,7 +437,7 @@ def test_peer_providers_call_the_current_entry_points(monkeypatch):
            "add_layer_norm": set(), "add_rms_norm": {"liger", "quack"}}
     g = torch.Generator().manual_seed(0)
     for norm, peers in has.items():
-        found, notes = bench.providers_for(norm, 64)
+        found, notes = measuring.providers_for(norm, 64)
         assert notes == []
         by = {p.name: p for p in found}
         assert set(by) == {"layernorm", "torch", "torch.compile", *peers}
@@ -447,7 +448,7 @@ def test_peer_providers_call_the_current_entry_points(monkeypatch):
         for name in peers:
             assert by[name].fp32_params == (name == "quack")
             for pass_ in bench.PASSES:
-                fn, mismatch = bench.prepare(by[name], norm, "float32", inputs,
+                fn, mismatch = measuring.prepare(by[name], norm, "float32", inputs,
                                              params[:len(nm.params)], cot, pass_)
                 assert mismatch is None, (name, norm, pass_, mismatch)
                 fn()
@@ -475,15 +476,15 @@ def test_prepare_checks_every_norm_forward_and_backward(norm, dtype):
     params = [(1 + 0.1 * torch.randn(96, generator=g)).to(dt),
               (0.1 * torch.randn(96, generator=g)).to(dt)][:len(nm.params)]
     cot = [torch.randn(8, 96, generator=g).to(dt) for _ in nm.forward_outputs]
-    eager = bench._eager(norm, 96, nm.eps)
+    eager = measuring._eager(norm, 96, nm.eps)
     right = bench.Provider("torch", eager)
-    fwd, mismatch = bench.prepare(right, norm, dtype, inputs, params, cot, "fwd")
-    assert mismatch is None and len(bench._as_tuple(fwd())) == len(nm.forward_outputs)
-    bwd, mismatch = bench.prepare(right, norm, dtype, inputs, params, cot, "bwd")
+    fwd, mismatch = measuring.prepare(right, norm, dtype, inputs, params, cot, "fwd")
+    assert mismatch is None and len(measuring._as_tuple(fwd())) == len(nm.forward_outputs)
+    bwd, mismatch = measuring.prepare(right, norm, dtype, inputs, params, cot, "bwd")
     assert mismatch is None and len(bwd()) == len(inputs) + len(params)
 
     def wrong_y(*a):
-        out = bench._as_tuple(eager(*a))
+        out = measuring._as_tuple(eager(*a))
         return (out[0] * 2, *out[1:])
 
     def wrong_h(*a):
@@ -492,7 +493,7 @@ def test_prepare_checks_every_norm_forward_and_backward(norm, dtype):
 
     def wrong_dx(*a):  # right forward, zero gradient for x (and residual)
         k = len(nm.forward_inputs)
-        out = bench._as_tuple(eager(*(t.detach() for t in a[:k]), *a[k:]))
+        out = measuring._as_tuple(eager(*(t.detach() for t in a[:k]), *a[k:]))
         zero = sum(0 * t for t in a[:k])
         return tuple(o + zero for o in out)
 
@@ -500,7 +501,7 @@ def test_prepare_checks_every_norm_forward_and_backward(norm, dtype):
     if nm.residual:
         wrongs.append(("h", wrong_h, "fwd"))
     for name, fn, pass_ in wrongs:
-        _, mismatch = bench.prepare(bench.Provider("wrong", fn), norm, dtype, inputs, params,
+        _, mismatch = measuring.prepare(bench.Provider("wrong", fn), norm, dtype, inputs, params,
                                     cot, pass_)
         assert mismatch is not None and mismatch.startswith(f"{name}:"), (name, mismatch)
 

@@ -40,7 +40,7 @@ from .._validate import (
 from ..dtypes import compute_dtype, widest_compute_dtype
 from ..family import NORMS, Norm
 from ..recovery import kept_channels, kept_rows
-from ..reference import form_scale
+from ..reference.core import form_scale
 from . import fallback, memory, statistics
 from .statistics import NSTATS
 

@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 
 from ..dtypes import widest_compute_dtype
-from ..reference import NormCache, OutputCache, _backward, _normalize
+from ..reference.core import NormCache, OutputCache, _backward, _normalize
 from . import statistics
 from .statistics import HI, LO, RSTD, SCALE
 

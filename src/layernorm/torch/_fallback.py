@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..cpu import api, fallback
 from ..cpu.statistics import NSTATS
-from ..reference import form_scale
+from ..reference.core import form_scale
 from ._dtypes import compute_dtype
 
 __all__ = ["register"]
