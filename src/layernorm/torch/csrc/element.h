@@ -20,6 +20,7 @@
 #include <immintrin.h>
 #endif
 #include <type_traits>
+#include <utility>
 
 #include "engine.h"
 
@@ -189,18 +190,37 @@ inline wide_t<T> load_wide(const S* p) {
   }
 }
 
+// Elements Off .. Off + N/2 - 1 of a, as a vector of N/2: a register's half, kept in registers.
+template <int Off, typename V, size_t... I>
+inline auto elements(V a, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, a, (Off + static_cast<int>(I))...);
+}
+template <int Off, typename V>
+inline auto half(V a) {
+  constexpr size_t n = sizeof(V) / sizeof(a[0]);
+  return elements<Off>(a, std::make_index_sequence<n / 2>{});
+}
+
 // The lanes' fixed tree: acc[l] += acc[l + N/2] for l < N/2, then N/4, ..., 1, returning acc[0].
-// Each level is one vector addition of the two halves; the order, and so the bits, are those of
-// the scalar loops.
+// The N lanes are P vectors of the CPU's width (piece i holds lanes i * N/P onward): while the
+// halves are whole vectors, a level adds piece i + P/2 to piece i, then the one vector's
+// halves. Each level is one addition of lower and upper half, as in the scalar loops, so the
+// order, and the bits, are theirs, on any vector width.
 template <int N>
 inline double tree(vec<double, N> acc) {
   if constexpr (N == 1) {
     return acc[0];
   } else {
-    vec<double, N / 2> lo, hi;
-    std::memcpy(&lo, &acc, sizeof lo);
-    std::memcpy(&hi, reinterpret_cast<const char*>(&acc) + sizeof lo, sizeof hi);
-    return tree<N / 2>(lo + hi);
+    return tree<N / 2>(half<0>(acc) + half<N / 2>(acc));
+  }
+}
+template <int P, int N>
+inline double tree(vec<double, N>* piece) {
+  if constexpr (P == 1) {
+    return tree<N>(piece[0]);
+  } else {
+    for (int i = 0; i < P / 2; ++i) piece[i] = piece[i] + piece[i + P / 2];
+    return tree<P / 2, N>(piece);
   }
 }
 
@@ -211,17 +231,35 @@ struct Lanes {
 
   // The lanes added in the fixed tree, in double, after the block's last elements (fewer than
   // kLanes, in `tail`, n of them) went to lanes 0, 1, ... in T: T rounds only within a lane.
-  // (The other lanes add -0.0, which leaves every value as it is.) All in vector registers: the
-  // fold costs a few instructions, not a loop over the lanes.
+  // (The other lanes add -0.0, which leaves every value as it is.) In vector registers: the
+  // fold costs a few instructions, not a loop over the lanes. With no tail (a whole block, or a
+  // row's last whose length is a multiple of kLanes) nothing is added: -0.0 would change no bit.
   double fold(const T* tail, int n) const {
-    constexpr int L = kLanes<T>;
-    T pad[L];
-    for (int l = 0; l < L; ++l) pad[l] = T(-0.0);
-    std::memcpy(pad, tail, static_cast<size_t>(n) * sizeof(T));
-    vec<T, L> last, t;
-    std::memcpy(&last, g, sizeof last);
-    std::memcpy(&t, pad, sizeof t);
-    return tree<L>(__builtin_convertvector(last + t, vec<double, L>));
+    constexpr int W = kWidth<T>, G = kGroups<T>;
+    constexpr int DW = kVectorBytes / static_cast<int>(sizeof(double));  // doubles a register
+    wide_t<T> v[G];
+    for (int k = 0; k < G; ++k) v[k] = g[k];
+    if (n > 0) {
+      T pad[kLanes<T>];
+      for (T& e : pad) e = T(-0.0);
+      std::memcpy(pad, tail, static_cast<size_t>(n) * sizeof(T));
+      for (int k = 0; k < G; ++k) {
+        wide_t<T> t;
+        std::memcpy(&t, pad + k * W, sizeof t);
+        v[k] = v[k] + t;
+      }
+    }
+    constexpr int P = kLanes<T> / DW;
+    vec<double, DW> piece[P];
+    for (int k = 0; k < G; ++k) {
+      if constexpr (std::is_same_v<T, double>) {
+        piece[k] = v[k];
+      } else {  // float: each register's halves, exactly in double
+        piece[2 * k] = __builtin_convertvector(half<0>(v[k]), vec<double, DW>);
+        piece[2 * k + 1] = __builtin_convertvector(half<W / 2>(v[k]), vec<double, DW>);
+      }
+    }
+    return tree<P, DW>(piece);
   }
 };
 
