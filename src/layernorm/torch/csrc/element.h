@@ -73,8 +73,9 @@ inline float to_odd(double v) {
 
 inline uint16_t bfloat16_bits(float f) {
   const uint32_t u = bit_cast<uint32_t>(f);
-  if (f != f) return static_cast<uint16_t>((u | 0x00400000u) >> 16);  // a NaN stays one, quiet
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  uint32_t r = u + 0x7FFFu + ((u >> 16) & 1u);  // to nearest even
+  if (f != f) r = u | 0x00400000u;  // a NaN stays one, quiet
+  return static_cast<uint16_t>(r >> 16);  // (one shift and one narrowing for both, in vectors)
 }
 
 // v (float or double) rounded once, to nearest even, to the stored type S.
