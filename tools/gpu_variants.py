@@ -7,12 +7,13 @@ in one call of a GPU machine, without the peers (and torch.compile's compile tim
 
 Every run measures the variant "default" (the constants as they are) and each ``--variant``,
 back to back for each (norm, N, pass), so drift between them is small; each pass is checked
-against the NumPy reference first, as the benchmark does (``layernorm.bench.gpu``: the same
-timing, L2 flush and bytes). KNOB is one of :data:`KNOBS`, the tuning constants at the top of
-``layernorm.gpu.launch``; for example ``--variant bwd8k:MAX_SHORT_D_BWD=8192`` holds backward
-rows of up to 8192 elements whole. Prints one line per (norm, pass, N) with each variant's
-fraction of copy, and writes the rows (the benchmark's keys, the provider named
-``layernorm[VARIANT]``) as JSON to ``--out`` (default .gpu-run/variants.json).
+against the NumPy reference first, as the benchmark does (``layernorm.bench.gpu`` and its
+measuring side ``layernorm.bench.gpu_measure``: the same timing, L2 flush and bytes). KNOB is
+one of :data:`KNOBS`, the tuning constants at the top of ``layernorm.gpu.launch``; for example
+``--variant bwd8k:MAX_SHORT_D_BWD=8192`` holds backward rows of up to 8192 elements whole.
+Prints one line per (norm, pass, N) with each variant's fraction of copy, and writes the rows
+(the benchmark's keys, the provider named ``layernorm[VARIANT]``) as JSON to ``--out`` (default
+.gpu-run/variants.json).
 """
 
 from __future__ import annotations
