@@ -32,7 +32,7 @@ JOBS ?= auto
 
 # Then the tolerance tests of both APIs again with the engine switched off, where the NumPy
 # fallback computes (what a machine without a compiler runs).
-FALLBACK_TESTS := tests/test_cpu_family.py tests/torch_api/test_torch.py \
+FALLBACK_TESTS := tests/test_cpu_family.py tests/torch_api/test_torch.py tests/torch_api/test_quant.py \
 	tests/torch_api/test_torch_memory_efficient.py
 
 test: $(STAMP) engine

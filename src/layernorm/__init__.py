@@ -21,9 +21,11 @@ from .reference import (
     layer_norm_backward,
     layer_norm_forward,
     layer_norm_jvp,
+    layer_norm_quant,
     rms_norm_backward,
     rms_norm_forward,
     rms_norm_jvp,
+    rms_norm_quant,
 )
 
 __version__ = "0.1.0"
@@ -47,7 +49,9 @@ __all__ = [
     "layer_norm_backward",
     "layer_norm_forward",
     "layer_norm_jvp",
+    "layer_norm_quant",
     "rms_norm_backward",
     "rms_norm_forward",
     "rms_norm_jvp",
+    "rms_norm_quant",
 ]

@@ -22,7 +22,8 @@ import numpy as np
 
 from .dtypes import DTYPES
 
-__all__ = ["TOLERANCES", "Comparison", "Tolerance", "assert_close", "compare", "tolerance"]
+__all__ = ["QUANT_EQUAL", "TOLERANCES", "Comparison", "Tolerance", "assert_close",
+           "assert_quantized", "compare", "tolerance"]
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,20 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("bfloat16", "gpu-param"): Tolerance(
         1.6e-2, 1.6e-2, "float32 sums over rows, returned in bfloat16: the final rounding dominates"
     ),
+    # The quantized norms' scales (float32 for every input dtype): max|y| / qmax rounded once.
+    ("float32", "quant-scale"): Tolerance(
+        0.0, 1e-6, "max|y| carries y's own roundings in the compute dtype (a few float32 ulps, "
+        "~2.4e-7 relative) before the division and the one rounding to float32"
+    ),
+    ("float64", "quant-scale"): Tolerance(
+        0.0, 1e-6, "as float32's: the scale is rounded to float32 whatever the compute dtype"
+    ),
 }
+
+QUANT_EQUAL = 0.999
+"""The fraction of a quantized output's elements that must equal the reference's: the rest may
+differ by one step of their grid, where y's last-ulp differences between backends (or the
+scale's) move y / s across a rounding boundary, which needs y / s within a few ulps of one."""
 
 
 def tolerance(dtype: np.dtype | str, quantity: str = "out") -> Tolerance:
@@ -149,6 +163,37 @@ def assert_close(got: np.ndarray | None, want: np.ndarray | None, dtype: np.dtyp
                   f"(atol {c.tolerance.atol:g} x scale {scale:.3g} + rtol {c.tolerance.rtol:g} "
                   f"+ floor {floor:.3g}; "
                   f"{c.tolerance.reason})")
+
+
+def _quant_step(want: np.ndarray, dtype: str) -> np.ndarray:
+    """The spacing of ``dtype``'s values (int8, or float8_e4m3fn) at each of ``want``."""
+    if dtype == "int8":
+        return np.ones_like(want)
+    with np.errstate(invalid="ignore"):
+        _, e = np.frexp(want)
+    return np.ldexp(np.ones_like(want), np.maximum(e - 1, -6) - 3)
+
+
+def assert_quantized(got: np.ndarray, want: np.ndarray, dtype: str, *,
+                     name: str = "q") -> None:
+    """A quantized output ``got`` against the reference's ``want`` (values, any float view):
+    the same NaNs, every element within one step of ``dtype``'s grid at want, and at least
+    :data:`QUANT_EQUAL` of them equal. -0.0 equals 0.0."""
+    g = np.asarray(got).astype(np.float64)
+    w = np.asarray(want).astype(np.float64)
+    assert g.shape == w.shape, f"{name}: shape {g.shape}, want {w.shape}"
+    nan_g, nan_w = np.isnan(g), np.isnan(w)
+    assert np.array_equal(nan_g, nan_w), (f"{name}: NaN at {np.argwhere(nan_g != nan_w)[:4]} "
+                                          "where the reference has none, or the other way")
+    g, w = g[~nan_w], w[~nan_w]
+    if g.size == 0:
+        return
+    steps = np.abs(g - w) / _quant_step(w, dtype)
+    k = int(np.argmax(steps))
+    assert steps[k] <= 1, f"{name} [{dtype}]: got {g[k]!r}, want {w[k]!r}: {steps[k]:g} steps"
+    equal = float(np.mean(g == w))
+    assert equal >= QUANT_EQUAL, (f"{name} [{dtype}]: {equal:.5f} of elements equal the "
+                                  f"reference's, fewer than {QUANT_EQUAL}")
 
 
 def _dtype_name(dtype: np.dtype | str) -> str:

@@ -100,6 +100,7 @@ from .functions import (
     rms_norm_jvp,
 )
 from .modules import LayerNorm, RMSNorm
+from .quant import layer_norm_quant, rms_norm_quant
 
 __all__ = [
     "AddNormCache",
@@ -116,7 +117,9 @@ __all__ = [
     "layer_norm_backward",
     "layer_norm_forward",
     "layer_norm_jvp",
+    "layer_norm_quant",
     "rms_norm_backward",
     "rms_norm_forward",
     "rms_norm_jvp",
+    "rms_norm_quant",
 ]

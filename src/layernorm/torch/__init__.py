@@ -7,6 +7,8 @@
     y, h = lt.add_rms_norm(x, residual, (D,), weight)
     lt.LayerNorm(D), lt.RMSNorm(D)                       # subclasses of torch's modules
     lt.PerHeadLayerNorm((heads, D))                      # a (heads, D) weight (Cohere's q/k)
+    q, s = lt.rms_norm_quant(x, (D,), weight, dtype=torch.int8)  # y quantized: int8 or
+                                                         # float8, static/per-token/per-group
     n = lt.replace_norms(model)                          # swap a model's norms in place:
                                                          # n.swapped, n.left by class
 
@@ -37,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from . import _distributed  # noqa: F401 - how DTensor shards the ops, once DTensor is imported
 from ._functional import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from ._modules import LayerNorm, PerHeadLayerNorm, RMSNorm
+from ._quant import layer_norm_quant, rms_norm_quant
 from ._swap import SwapSummary, replace_norms
 
 __all__ = [
@@ -47,6 +50,8 @@ __all__ = [
     "add_layer_norm",
     "add_rms_norm",
     "layer_norm",
+    "layer_norm_quant",
     "replace_norms",
     "rms_norm",
+    "rms_norm_quant",
 ]

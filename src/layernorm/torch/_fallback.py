@@ -117,6 +117,34 @@ def _fwd_y(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype
             xrows)
 
 
+def _norm_quant(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype, dtype,
+                scale, group_size, scale_ub, qmax, min_scale):
+    from ..reference.quant import QuantDtype, quantize_rows
+
+    if dtype not in (torch.int8, torch.float8_e4m3fn):
+        raise ValueError(f"layernorm: dtype must be int8 or float8_e4m3fn, got {dtype}")
+    d = x.shape[-1] if x.dim() else 0
+    if d and d % (group_size or d):
+        raise ValueError(f"layernorm: group_size must divide D = {d}, got {group_size}")
+    for t, name in ((scale, "scale"), (scale_ub, "scale_ub")):
+        if t is not None and (t.numel() != 1 or t.dtype != torch.float32):
+            raise ValueError(f"layernorm: {name} must be a one-element float32 tensor, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+    cdt = compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
+    y, h, _, _ = _forward(x.to(cdt) if residual is None else x, residual, weight, bias, eps,
+                          centred, zero_centered_gamma, h_dtype)
+    if residual is not None:  # y was rounded to x's dtype: the norm of h again, in cdt
+        y, _, _, _ = _forward(h.to(cdt), None, weight, bias, eps, centred, zero_centered_gamma,
+                              None)
+    qdt = QuantDtype(str(dtype).removeprefix("torch."), qmax, min_scale)
+    q, s = quantize_rows(_np(_rows(y)), qdt, None if scale is None else _np(scale.float()),
+                         group_size, None if scale_ub is None else float(scale_ub))
+    q = torch.from_numpy(q.view(np.uint8 if q.dtype != np.int8 else np.int8)).view(dtype)
+    scales = scale.clone() if scale is not None else torch.from_numpy(s).reshape(
+        *x.shape[:-1], s.shape[1])
+    return q.reshape(x.shape), scales, h
+
+
 def _backward(dy, dh, src, weight, bias, stats, centred, zero_centered_gamma, x_dtype,
               residual_dtype, cdt, recovery=None):
     d = src.shape[-1]
@@ -165,5 +193,5 @@ def _bwd_y(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xrows, cen
 def register(lib: torch.library.Library) -> None:
     """Register the fallback as the CPU kernels of the ops ``lib`` defines."""
     for name, fn in (("fwd", _fwd), ("norm", _norm), ("bwd", _bwd), ("fwd_y", _fwd_y),
-                     ("bwd_y", _bwd_y)):
+                     ("bwd_y", _bwd_y), ("norm_quant", _norm_quant)):
         lib.impl(name, fn, "CPU")

@@ -56,7 +56,8 @@ from . import _fallback, _native
 from ._dtypes import compute_dtype
 
 __all__ = ["DOUBLE_BACKWARD", "NATIVE", "bwd", "bwd_y", "composite_backward", "fwd", "fwd_y",
-           "fwd_shapes", "fwd_y_shapes", "kept_channels", "kept_rows", "norm", "statistics",
+           "fwd_shapes", "fwd_y_shapes", "kept_channels", "kept_rows", "norm", "norm_quant",
+           "statistics",
            "triton_kernels",
            "wide_residual_warning"]
 
@@ -81,11 +82,24 @@ _LIB.define(
     "bool zero_centered_gamma, ScalarType? x_dtype, ScalarType? residual_dtype) "
     "-> (Tensor, Tensor, Tensor, Tensor)")
 
+_LIB.define(
+    "norm_quant(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, "
+    "bool centred, bool zero_centered_gamma, ScalarType? h_dtype, ScalarType dtype, "
+    "Tensor? scale, int? group_size, Tensor? scale_ub, float qmax, float min_scale) "
+    "-> (Tensor, Tensor, Tensor)")
+
 fwd = torch.ops.layernorm.fwd.default
 """y (M, D) in x's dtype; h (M, D) in ``h_dtype`` for an add-norm, else an empty (0,); and the
 two statistics tensors the backward reads (layout: see the module docstring)."""
 norm = torch.ops.layernorm.norm.default
 """y and h as :data:`fwd`, without statistics: the forward when nothing needs a gradient."""
+norm_quant = torch.ops.layernorm.norm_quant.default
+"""q, scales and h of the norm (of x, or of h = x + residual) with its y quantized to ``dtype``
+(int8 or float8_e4m3fn) and never stored (:mod:`layernorm.reference.quant` states it): q in x's
+shape; scales float32, (..., D / group_size) of the data (group_size None: per token, (..., 1)),
+or a copy of the static ``scale`` (a one-element float32 tensor); h as :data:`norm`'s.
+``scale_ub`` is None or a one-element float32 tensor; ``qmax`` and ``min_scale`` are the dtype's
+row of :data:`layernorm.reference.quant.QUANT_DTYPES`. Inference only: no autograd."""
 bwd = torch.ops.layernorm.bwd.default
 """dx (M, D) in ``x_dtype`` (xn's dtype when None), dh added where given; dresidual (M, D), the
 same sum in ``residual_dtype`` where that is given, else an empty (0,); dweight and dbias in
@@ -347,6 +361,15 @@ def _fwd_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dt
 @torch.library.register_fake("layernorm::norm")
 def _norm_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
     return _outputs_fake(x, residual, h_dtype)
+
+
+@torch.library.register_fake("layernorm::norm_quant")
+def _norm_quant_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
+                     dtype, scale, group_size, scale_ub, qmax, min_scale):
+    d = x.shape[-1]
+    scales = (scale.new_empty(scale.shape) if scale is not None else
+              x.new_empty((*x.shape[:-1], d // (group_size or d)), dtype=torch.float32))
+    return x.new_empty(x.shape, dtype=dtype), scales, _outputs_fake(x, residual, h_dtype)[1]
 
 
 @torch.library.register_fake("layernorm::bwd")

@@ -53,11 +53,14 @@ int64_t row_length(const Tensor& x) {
   return x.size(-1);
 }
 
+// With `quant`, y is quantized as it says (its q and scales allocated by the caller) and the
+// y returned is an empty (0,).
 std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& residual,
                                            const OptTensor& weight, const OptTensor& bias,
                                            double eps, bool centred, bool zero_centered_gamma,
                                            std::optional<ScalarType> h_dtype, bool keep,
-                                           const RowsHook& after = {}) {
+                                           const RowsHook& after = {},
+                                           const engine::Quantize* quant = nullptr) {
   const int64_t d = row_length(x), m = x.numel() / d;
   const bool add = residual.has_value();
   check_cpu(x, "x");
@@ -67,7 +70,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
   const ScalarType xdt = x.scalar_type(), hdt = h_dtype.value_or(xdt);
   const ScalarType cdt = compute(add ? hdt : xdt);
   const Tensor xc = x.contiguous();
-  Tensor y = output(x.sizes(), x.options());
+  Tensor y = quant ? at::empty({0}, x.options()) : output(x.sizes(), x.options());
   Tensor rc, h;
   if (add) {
     rc = residual->contiguous();
@@ -83,7 +86,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
   const engine::Forward a{xc.const_data_ptr(),
                           add ? rc.const_data_ptr() : nullptr,
                           add ? h.mutable_data_ptr() : nullptr,
-                          y.mutable_data_ptr(),
+                          quant ? nullptr : y.mutable_data_ptr(),
                           scale,
                           shift,
                           eps,
@@ -95,7 +98,13 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
                           dtype_of(xdt),
                           add ? dtype_of(rc.scalar_type()) : engine::Dtype::none,
                           add ? dtype_of(hdt) : engine::Dtype::none};
-  run_forward(a, kSerialElements, after);
+  if (quant) {
+    parallel(0, m, grain(d), [&](int64_t i0, int64_t i1) {
+      engine::quantize_rows(a, *quant, i0, i1);
+    });
+  } else {
+    run_forward(a, kSerialElements, after);
+  }
   return {y, h, stats};
 }
 
@@ -116,6 +125,52 @@ std::tuple<Tensor, Tensor> norm_cpu(const Tensor& x, const OptTensor& residual,
   auto [y, h, stats] = forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
                                h_dtype, false);
   return {y, h};
+}
+
+// q (x's shape, `dtype`: int8 or float8_e4m3fn), the scales (float32: (..., D / group_size),
+// group_size D where none is given; a copy of the static `scale` where one is) and h (an
+// empty (0,) without residual) of the norm of x (or of h = x + residual) with its y quantized
+// (engine.h, Quantize). qmax and min_scale are the dtype's row of layernorm's one table of
+// quantized dtypes (layernorm.reference.quant.QUANT_DTYPES).
+std::tuple<Tensor, Tensor, Tensor> norm_quant_cpu(
+    const Tensor& x, const OptTensor& residual, const OptTensor& weight, const OptTensor& bias,
+    double eps, bool centred, bool zero_centered_gamma, std::optional<ScalarType> h_dtype,
+    ScalarType dtype, const OptTensor& scale, std::optional<int64_t> group_size,
+    const OptTensor& scale_ub, double qmax, double min_scale) {
+  const int64_t d = row_length(x), m = x.numel() / d;
+  TORCH_CHECK_VALUE(dtype == ScalarType::Char || dtype == ScalarType::Float8_e4m3fn,
+                    "layernorm: dtype must be int8 or float8_e4m3fn, got ", dtype);
+  const int64_t g = group_size.value_or(d);
+  TORCH_CHECK_VALUE(g >= 1 && d % g == 0, "layernorm: group_size must divide D = ", d, ", got ",
+                    g);
+  auto value = [](const OptTensor& t, const char* name) {
+    check_cpu(*t, name);
+    TORCH_CHECK_VALUE(t->numel() == 1 && t->scalar_type() == ScalarType::Float,
+                      "layernorm: ", name, " must be a one-element float32 tensor, got ",
+                      t->sizes(), " ", t->scalar_type());
+    return t->item<float>();
+  };
+  const bool dynamic = !scale.has_value();
+  TORCH_CHECK_VALUE(dynamic || (!group_size.has_value() && !scale_ub.has_value()),
+                    "layernorm: a static scale takes no group_size or scale_ub");
+  std::vector<int64_t> scale_sizes(x.sizes().begin(), x.sizes().end());
+  scale_sizes.back() = d / g;
+  Tensor q = at::empty(x.sizes(), x.options().dtype(dtype));
+  Tensor scales = dynamic ? at::empty(scale_sizes, x.options().dtype(at::kFloat))
+                          : scale->clone(at::MemoryFormat::Contiguous);
+  engine::Quantize quant{q.mutable_data_ptr(),
+                         dynamic ? scales.mutable_data_ptr<float>() : nullptr,
+                         dynamic ? 0.0f : value(scale, "scale"),
+                         scale_ub.has_value() ? value(scale_ub, "scale_ub")
+                                              : std::numeric_limits<float>::infinity(),
+                         qmax,
+                         min_scale,
+                         g,
+                         dtype == ScalarType::Char ? engine::QDtype::int8
+                                                   : engine::QDtype::float8_e4m3fn};
+  Tensor h = std::get<1>(forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                                 h_dtype, false, {}, &quant));
+  return {q, scales, h};
 }
 
 // The two backwards after their own checks: dx (and dresidual, when residual_dtype is given)
@@ -419,6 +474,7 @@ TORCH_LIBRARY_IMPL(layernorm, CPU, m) {
   m.impl("fwd", fwd_cpu);
   m.impl("bwd", bwd_cpu);
   m.impl("norm", norm_cpu);
+  m.impl("norm_quant", norm_quant_cpu);
   m.impl("fwd_y", fwd_y_cpu);
   m.impl("bwd_y", bwd_y_cpu);
 }

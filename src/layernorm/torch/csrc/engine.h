@@ -65,6 +65,27 @@ struct Forward {
 // Rows i0 <= i < i1 of a forward.
 void forward_rows(const Forward& a, int64_t i0, int64_t i1);
 
+// The quantized dtypes of a norm's output.
+enum class QDtype : int8_t { int8, float8_e4m3fn };
+
+// A forward whose y is quantized instead of stored (docs/derivation.md, "Quantized output"):
+// each row's y in the compute dtype T (kept in a buffer of the thread's while the row is in
+// cache), then per group of `group` consecutive channels (group = D: per token) q = y / s
+// rounded to nearest even and saturated to +-qmax, s the static `scale`, or with `scales`
+// float32(max(min(max|y|, scale_ub) / qmax, min_scale)) written to scales (M, D / group).
+struct Quantize {
+  void* q;         // (M, D) int8, or float8_e4m3fn bits
+  float* scales;   // (M, D / group), or null for the static scale
+  float scale;     // the static scale (with scales null)
+  float scale_ub;  // the bound on a group's finite max|y|; +inf: none
+  double qmax, min_scale;
+  int64_t group;
+  QDtype dtype;
+};
+
+// Rows i0 <= i < i1 of a forward (its y null) with their y quantized as `q` says.
+void quantize_rows(const Forward& a, const Quantize& q, int64_t i0, int64_t i1);
+
 // What the memory-efficient backward reads in place of x: xhat_j = (y_j - shift_j) / scale_j on
 // the recovered channels, the forward's xhat on the k channels `keep` names (kept, (M, k) T)
 // and on the r rows `rows` names (xrows, (r, D) T); keep and rows ascending.

@@ -20,6 +20,7 @@
 
 #include "element.h"
 #include "engine.h"
+#include "quantize.h"
 
 namespace layernorm::engine {
 namespace {
@@ -262,14 +263,36 @@ void add_row(const Forward& a, int64_t i) {
   }
 }
 
-// Rows [i0, i1) of a forward whose normalized rows are S (x, or h) and whose y is X.
-template <typename S, typename X>
-void rows(const Forward& a, AddRow add, int64_t i0, int64_t i1) {
+// Where rows' y goes: y itself (X, x's dtype), row by row.
+template <typename X>
+struct StoreY {
+  using Y = X;
+  X* y;
+  int64_t d;
+  Y* row(int64_t i) { return y + i * d; }
+  void done(int64_t, const Y*) {}
+};
+
+// Where a quantized forward's rows' y goes: a buffer of the thread's in the compute dtype T,
+// quantized from there while it is in cache (quantize.h).
+template <typename T>
+struct QuantizeY {
+  using Y = T;
+  const Quantize& q;
+  int64_t d;
+  Y* buffer;
+  Y* row(int64_t) { return buffer; }
+  void done(int64_t i, const Y* y) { quantize_row(q, i, y, d); }
+};
+
+// Rows [i0, i1) of a forward whose normalized rows are S (x, or h) and whose input x is X,
+// each row's y written where `out` says.
+template <typename S, typename X, typename Out>
+void rows(const Forward& a, AddRow add, int64_t i0, int64_t i1, Out out) {
   using T = compute_t<S>;
   const T* scale = static_cast<const T*>(a.scale);
   const T* shift = static_cast<const T*>(a.shift);
   const X* x = static_cast<const X*>(a.x);
-  X* y = static_cast<X*>(a.y);
   S* h = static_cast<S*>(a.h);
   const int64_t d = a.d;
   const bool with_checksum = a.checksum != nullptr;
@@ -288,19 +311,22 @@ void rows(const Forward& a, AddRow add, int64_t i0, int64_t i1) {
     } else {
       row = reinterpret_cast<const S*>(x + i * d);
     }
-    const uint64_t ck = forward_row(row, d, eps, a.centred, scale, shift, y + i * d, st, next,
+    auto* y = out.row(i);
+    const uint64_t ck = forward_row(row, d, eps, a.centred, scale, shift, y, st, next,
                                     with_checksum, xs);
     if (with_checksum) a.checksum[i] = ck;
+    out.done(i, y);
   }
 }
 
-}  // namespace
-
-void forward_rows(const Forward& a, int64_t i0, int64_t i1) {
+// f(rows's instance, add) for the forward `a`: S the normalized rows' type (h's, else x's),
+// X x's.
+template <typename F>
+void with_rows(const Forward& a, F&& f) {
   if (a.residual == nullptr) {
     with_dtype(a.x_dtype, [&](auto x) {
       using X = std::decay_t<decltype(x)>;
-      rows<X, X>(a, nullptr, i0, i1);
+      f(X{}, X{}, AddRow{nullptr});
     });
     return;
   }
@@ -310,8 +336,29 @@ void forward_rows(const Forward& a, int64_t i0, int64_t i1) {
       using H = std::decay_t<decltype(h)>;
       AddRow add = nullptr;
       with_dtype(a.residual_dtype, [&](auto r) { add = add_row<X, std::decay_t<decltype(r)>, H>; });
-      rows<H, X>(a, add, i0, i1);
+      f(H{}, X{}, add);
     });
+  });
+}
+
+}  // namespace
+
+void forward_rows(const Forward& a, int64_t i0, int64_t i1) {
+  with_rows(a, [&](auto s, auto x, AddRow add) {
+    using S = decltype(s);
+    using X = decltype(x);
+    rows<S, X>(a, add, i0, i1, StoreY<X>{static_cast<X*>(a.y), a.d});
+  });
+}
+
+void quantize_rows(const Forward& a, const Quantize& q, int64_t i0, int64_t i1) {
+  thread_local std::vector<double> buffer;  // one row of y in T: no allocation after the first
+  buffer.resize(static_cast<size_t>(a.d));
+  with_rows(a, [&](auto s, auto x, AddRow add) {
+    using S = decltype(s);
+    using T = compute_t<S>;
+    rows<S, decltype(x)>(a, add, i0, i1,
+                         QuantizeY<T>{q, a.d, reinterpret_cast<T*>(buffer.data())});
   });
 }
 

@@ -1,0 +1,111 @@
+// The quantization of one row's y (engine.h, Quantize; docs/derivation.md, "Quantized output"):
+// per group, a = max|y| (NaN if the group holds one), a = min(a, scale_ub) where finite,
+// s = float(max(a / qmax, min_scale)) in V, then q_j = encode(y_j / s), a true division in V.
+// A group whose scale is not finite is filled with int8 0 or the float8 NaN.
+//
+// The encodings are branchless, so that each group's loop is vectorised:
+//   int8   NaN -> 0; clamp to [-qmax, qmax]; round half to even by adding and subtracting
+//          1.5 2^p (p the significand's stored bits: every |v| <= 127 then has its units in
+//          the last place, and the sum rounds as the CPU does, to nearest even)
+//   float8 clamp to [-448, 448]; |v| >= 2^-6: v's bits rounded to nearest even at 3 stored
+//          significand bits (a carry moves the exponent, as it should), rebiased; |v| < 2^-6:
+//          |v| 2^9 rounded to an integer, which is the subnormal's code (8 is 2^-6's); NaN ->
+//          0x7F; the sign bit last.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "element.h"
+#include "engine.h"
+
+namespace layernorm::engine {
+
+template <typename V>
+struct Bits {
+  using U = std::conditional_t<sizeof(V) == 4, uint32_t, uint64_t>;
+  static constexpr int kStored = sizeof(V) == 4 ? 23 : 52;  // stored significand bits
+  static constexpr U kBias = sizeof(V) == 4 ? 127 : 1023;
+  // 1.5 2^kStored: adding it rounds a small v to an integer
+  static constexpr V kRound = V(3) * (V(U(1) << (kStored - 1)));
+};
+
+template <typename V>
+inline int8_t int8_of(V v, V qmax) {
+  v = v == v ? v : V(0);
+  v = std::min(std::max(v, -qmax), qmax);
+  return static_cast<int8_t>((v + Bits<V>::kRound) - Bits<V>::kRound);
+}
+
+template <typename V>
+inline uint8_t float8_of(V v) {
+  using B = Bits<V>;
+  using U = typename B::U;
+  constexpr int drop = B::kStored - 3;
+  const bool nan = v != v;
+  v = std::min(std::max(v, V(-448)), V(448));
+  const U u = bit_cast<U>(v);
+  const U sign = (u >> (8 * sizeof(V) - 1)) << 7;
+  const U mag = u & ~(U(1) << (8 * sizeof(V) - 1));
+  const U r = mag + ((U(1) << (drop - 1)) - 1) + ((mag >> drop) & 1);
+  const U normal = (r >> drop) - ((B::kBias - 7) << 3);
+  const V a = bit_cast<V>(mag);
+  const U sub = static_cast<U>((a * V(512) + B::kRound) - B::kRound);
+  const U code = nan ? U(0x7F) : (a < V(1.0 / 64) ? sub : normal);
+  return static_cast<uint8_t>(code | sign);
+}
+
+// max |y_j| over [0, n), NaN where one is NaN.
+template <typename V>
+inline V group_amax(const V* y, int64_t n) {
+  V m = 0;
+  bool nan = false;
+  for (int64_t j = 0; j < n; ++j) {
+    const V v = std::abs(y[j]);
+    m = m < v ? v : m;
+    nan |= v != v;
+  }
+  return nan ? std::numeric_limits<V>::quiet_NaN() : m;
+}
+
+template <typename V>
+inline void encode(const V* y, V s, int64_t n, QDtype dtype, V qmax, void* out) {
+  if (dtype == QDtype::int8) {
+    int8_t* q = static_cast<int8_t*>(out);
+    for (int64_t j = 0; j < n; ++j) q[j] = int8_of(y[j] / s, qmax);
+  } else {
+    uint8_t* q = static_cast<uint8_t*>(out);
+    for (int64_t j = 0; j < n; ++j) q[j] = float8_of(y[j] / s);
+  }
+}
+
+// Row i of q (and of its scales) from the row's y (d,) in V.
+template <typename V>
+void quantize_row(const Quantize& a, int64_t i, const V* y, int64_t d) {
+  const int64_t g = a.group, groups = d / g;
+  const V qmax = static_cast<V>(a.qmax);
+  uint8_t* qrow = static_cast<uint8_t*>(a.q) + i * d;  // one byte an element
+  for (int64_t k = 0; k < groups; ++k) {
+    const V* yk = y + k * g;
+    V s = static_cast<V>(a.scale);
+    if (a.scales != nullptr) {
+      V amax = group_amax(yk, g);
+      if (std::isfinite(amax)) amax = std::min(amax, static_cast<V>(a.scale_ub));
+      const V t = amax / qmax;
+      const V lo = static_cast<V>(a.min_scale);
+      const float sf = static_cast<float>(t < lo ? lo : t);  // NaN stays
+      a.scales[i * groups + k] = sf;
+      s = static_cast<V>(sf);
+      if (!std::isfinite(sf)) {
+        std::fill(qrow + k * g, qrow + (k + 1) * g,
+                  a.dtype == QDtype::int8 ? uint8_t(0) : uint8_t(0x7F));
+        continue;
+      }
+    }
+    encode(yk, s, g, a.dtype, qmax, qrow + k * g);
+  }
+}
+
+}  // namespace layernorm::engine
