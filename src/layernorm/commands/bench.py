@@ -39,14 +39,15 @@ import re
 import sys
 from pathlib import Path
 
-from ..bench import end_to_end, gpu, peer_report, peers, providers, results
+from ..bench import end_to_end, gpu, peer_report, peers, providers, quant, results, w8a8
 from ..bench.harness import STANDARD_SHAPES, Case, first_call_latency, run_bench, set_threads
 from ..dtypes import NAMES
 from . import count, shape, usage_error, writable
 from .report import Section, anchor, folded
 
 __all__ = ["OURS", "REPORT_SHAPES", "add_arguments", "gpu_report_section", "parse_shape",
-           "peers_report_section", "report_section", "run", "run_cuda", "run_peers"]
+           "peers_report_section", "quant_report_section", "report_section", "run", "run_cuda",
+           "run_peers", "run_quant"]
 
 # this package's: a failed check fails the command
 OURS = ("numpy", "fused", "fused-me", "layernorm.torch", "layernorm.torch-me")
@@ -115,6 +116,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "torch.compile and onnxruntime, inference and training, the "
                              "named shapes (layernorm.bench.peers); 2 threads, float32 unless "
                              "--full, --threads or --dtype say otherwise")
+    parser.add_argument("--quant", action="store_true",
+                        help="CPU: the quantized norm (rms_norm_quant) against norm-then-"
+                             "quantize in torch eager and torch.compile, at one row against "
+                             "the norm, out of cache against a copy (layernorm.bench.quant), "
+                             "and a W8A8 Llama-shaped model end to end (layernorm.bench.w8a8); "
+                             "1 and 2 threads")
     parser.add_argument("--full", action="store_true",
                         help="with --peers: float32 and bfloat16, 1 thread and every core")
     parser.add_argument("--resume", action="store_true",
@@ -145,8 +152,12 @@ def run(args: argparse.Namespace) -> int:
         return run_cuda(args)
     if args.full and not args.peers:
         return usage_error(PROG, "argument --full: only with --peers")
+    if args.peers and args.quant:
+        return usage_error(PROG, "argument --quant: not with --peers")
     if args.peers:
         return run_peers(args)
+    if args.quant:
+        return run_quant(args)
     if args.threads is not None:
         try:
             set_threads(args.threads)
@@ -228,6 +239,69 @@ def _peer_grid(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     threads = ([args.threads] if args.threads else
                sorted({1, cores}) if args.full else [min(2, cores)])
     return dtypes, threads
+
+
+def run_quant(args: argparse.Namespace) -> int:
+    """``layernorm bench --quant``: the quantized norm's grid and the W8A8 model, their tables,
+    and the JSON (bench/runs/cpu-quant.json unless --out)."""
+    given = [f"--{k}" for k in ("shape", "impl", "norm", "dtype", "threads")
+             if getattr(args, k)]
+    if given:
+        return usage_error(PROG, f"argument --quant: takes its own grid; leave out "
+                                 f"{', '.join(given)}")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return usage_error(PROG, "argument --quant: needs torch (the package's torch extra)")
+    rounds = args.rounds or (5 if args.quick else 9)
+    progress = Progress()
+    result = quant.run(rounds, quant.SHAPES[:1] if args.quick else quant.SHAPES,
+                       progress=progress)
+    result["w8a8"] = w8a8.w8a8_end_to_end(min(rounds, 5), min(2, os.cpu_count() or 1),
+                                          progress)
+    progress.done()
+    out = results.save(result, args.out or results.RUNS_DIR / "cpu-quant.json")
+    print(f"layernorm bench --quant: {rounds} rounds; RMSNorm with a weight, per-token "
+          f"scales; ratios are p50 (p20-p80) of per-round ratios\n")
+    print(quant.format_quant(result))
+    print("\n- " + quant.summary_line(result["rows"]))
+    print("\n" + w8a8.format_w8a8(result["w8a8"]))
+    print(f"\nsaved {out}")
+    return 0
+
+
+def quant_report_section(ctx: object) -> Section:
+    """The report's "Quantized output": the quantized norm at 1x1024x4096 on 2 threads (and
+    one row, and out of cache) against norm-then-quantize, and the W8A8 model end to end."""
+    threads = min(2, os.cpu_count() or 1)
+    rounds = 3 if ctx.quick else 5
+    progress = Progress()
+    result = quant.run(rounds, quant.SHAPES[:1], (threads,), progress)
+    result["w8a8"] = w8a8.w8a8_end_to_end(rounds, threads, progress)
+    progress.done()
+    results.save(result, ctx.outdir / "bench_quant.json")
+    rows = result["rows"]
+    e2e = result["w8a8"]
+    fused = e2e["prefill"]
+    heads = [
+        f"the norm with its output quantized (`rms_norm_quant`), {quant.summary_line(rows)}",
+        f"a W8A8 Llama-shaped model end to end: prefill "
+        f"{fused['float']['over_fused'][0]:.2f}x as fast as the float model and "
+        f"{fused['w8a8 unfused']['over_fused'][0]:.2f}x the same model with norm-then-quantize "
+        f"(goal {w8a8.GOAL}x: {e2e['verdict']}; the norms' share bounds it at "
+        f"{e2e['bound']:.3f}x)"]
+    body = (
+        "`layernorm.torch.rms_norm_quant` writes the norm's output as int8 or float8_e4m3fn "
+        "with its scales (docs/derivation.md, \"Quantized output\"), against the pair a "
+        "user would write: the library's `rms_norm`, then amax, divide, round, clamp and cast "
+        "in torch eager, and the same pair under `torch.compile`. Interleaved rounds; the "
+        "full grid (4x1024x4096, 1 thread): `layernorm bench --quant`.\n\n"
+        + quant.format_quant(result) + "\n\n" + w8a8.format_w8a8(e2e) + "\n")
+    answers = {"use": (
+        "For a W8A8 (int8) or FP8 Linear after a norm, `rms_norm_quant` / `layer_norm_quant` "
+        "(residual add included) in place of the norm and a separate quantization: "
+        f"{quant.summary_line(rows)}.")}
+    return Section(heads, body, answers)
 
 
 def run_peers(args: argparse.Namespace) -> int:

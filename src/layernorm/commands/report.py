@@ -32,6 +32,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("CPU kernels and bandwidth", "layernorm.commands.bench:report_section"),
     ("CPU versus peers", "layernorm.commands.bench:peers_report_section"),
     ("Memory-efficient backward", "layernorm.commands.memory:report_section"),
+    ("Quantized output", "layernorm.commands.bench:quant_report_section"),
     ("GPU kernels", "layernorm.commands.bench:gpu_report_section"),
 ]
 

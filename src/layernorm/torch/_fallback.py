@@ -117,12 +117,11 @@ def _fwd_y(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype
             xrows)
 
 
-def _norm_quant(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype, dtype,
-                scale, group_size, scale_ub, qmax, min_scale):
-    from ..reference.quant import QuantDtype, quantize_rows
+def _norm_quant(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype, float8,
+                scale, group_size, scale_ub):
+    from ..reference.quant import QUANT_DTYPES, quantize_rows
 
-    if dtype not in (torch.int8, torch.float8_e4m3fn):
-        raise ValueError(f"layernorm: dtype must be int8 or float8_e4m3fn, got {dtype}")
+    dtype = torch.float8_e4m3fn if float8 else torch.int8
     d = x.shape[-1] if x.dim() else 0
     if d and d % (group_size or d):
         raise ValueError(f"layernorm: group_size must divide D = {d}, got {group_size}")
@@ -136,7 +135,7 @@ def _norm_quant(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_
     if residual is not None:  # y was rounded to x's dtype: the norm of h again, in cdt
         y, _, _, _ = _forward(h.to(cdt), None, weight, bias, eps, centred, zero_centered_gamma,
                               None)
-    qdt = QuantDtype(str(dtype).removeprefix("torch."), qmax, min_scale)
+    qdt = QUANT_DTYPES[str(dtype).removeprefix("torch.")]
     q, s = quantize_rows(_np(_rows(y)), qdt, None if scale is None else _np(scale.float()),
                          group_size, None if scale_ub is None else float(scale_ub))
     q = torch.from_numpy(q.view(np.uint8 if q.dtype != np.int8 else np.int8)).view(dtype)

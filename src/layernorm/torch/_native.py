@@ -36,6 +36,7 @@ import torch
 
 from .. import recovery
 from ..cpu import memory
+from ..reference.quant import QUANT_DTYPES
 
 __all__ = ["load"]
 
@@ -129,6 +130,8 @@ def load() -> bool:
                       f"and layernorm.cpu run the NumPy fallback instead, many times slower",
                       RuntimeWarning, stacklevel=2)
         return False
-    torch.ops.layernorm_cpu._setup(memory.CAP_BYTES, recovery.MARGIN)
+    quant = [QUANT_DTYPES[name] for name in ("int8", "float8_e4m3fn")]
+    torch.ops.layernorm_cpu._setup(memory.CAP_BYTES, recovery.MARGIN, [q.qmax for q in quant],
+                                   [q.min_scale for q in quant])
     return True
 

@@ -84,9 +84,8 @@ _LIB.define(
 
 _LIB.define(
     "norm_quant(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, "
-    "bool centred, bool zero_centered_gamma, ScalarType? h_dtype, ScalarType dtype, "
-    "Tensor? scale, int? group_size, Tensor? scale_ub, float qmax, float min_scale) "
-    "-> (Tensor, Tensor, Tensor)")
+    "bool centred, bool zero_centered_gamma, ScalarType? h_dtype, bool float8, "
+    "Tensor? scale, int? group_size, Tensor? scale_ub) -> (Tensor, Tensor, Tensor)")
 
 fwd = torch.ops.layernorm.fwd.default
 """y (M, D) in x's dtype; h (M, D) in ``h_dtype`` for an add-norm, else an empty (0,); and the
@@ -94,12 +93,13 @@ two statistics tensors the backward reads (layout: see the module docstring)."""
 norm = torch.ops.layernorm.norm.default
 """y and h as :data:`fwd`, without statistics: the forward when nothing needs a gradient."""
 norm_quant = torch.ops.layernorm.norm_quant.default
-"""q, scales and h of the norm (of x, or of h = x + residual) with its y quantized to ``dtype``
-(int8 or float8_e4m3fn) and never stored (:mod:`layernorm.reference.quant` states it): q in x's
-shape; scales float32, (..., D / group_size) of the data (group_size None: per token, (..., 1)),
-or a copy of the static ``scale`` (a one-element float32 tensor); h as :data:`norm`'s.
-``scale_ub`` is None or a one-element float32 tensor; ``qmax`` and ``min_scale`` are the dtype's
-row of :data:`layernorm.reference.quant.QUANT_DTYPES`. Inference only: no autograd."""
+"""q, scales and h of the norm (of x, or of h = x + residual) with its y quantized to
+float8_e4m3fn (``float8``) or int8 and never stored (:mod:`layernorm.reference.quant` states it,
+with the dtype's qmax and min_scale from its table): q in x's shape; scales float32,
+(..., D / group_size) of the data (group_size None: per token, (..., 1)), or a copy of the
+static ``scale`` (a one-element float32 tensor); h as :data:`norm`'s. ``scale_ub`` is None or a
+one-element float32 tensor. Inference only: no autograd. (A flag, not a dtype argument: torch
+converts a dtype argument in about a microsecond, a fifth of a decode step's call.)"""
 bwd = torch.ops.layernorm.bwd.default
 """dx (M, D) in ``x_dtype`` (xn's dtype when None), dh added where given; dresidual (M, D), the
 same sum in ``residual_dtype`` where that is given, else an empty (0,); dweight and dbias in
@@ -365,11 +365,12 @@ def _norm_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_d
 
 @torch.library.register_fake("layernorm::norm_quant")
 def _norm_quant_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
-                     dtype, scale, group_size, scale_ub, qmax, min_scale):
+                     float8, scale, group_size, scale_ub):
     d = x.shape[-1]
     scales = (scale.new_empty(scale.shape) if scale is not None else
               x.new_empty((*x.shape[:-1], d // (group_size or d)), dtype=torch.float32))
-    return x.new_empty(x.shape, dtype=dtype), scales, _outputs_fake(x, residual, h_dtype)[1]
+    q = x.new_empty(x.shape, dtype=torch.float8_e4m3fn if float8 else torch.int8)
+    return q, scales, _outputs_fake(x, residual, h_dtype)[1]
 
 
 @torch.library.register_fake("layernorm::bwd")

@@ -88,10 +88,11 @@ def _check_group_size(group_size: object, d: int) -> int | None:
     return group_size
 
 
-def _refuse_grad(tensors: dict[str, Tensor | None]) -> None:
+def _refuse_grad(x: Tensor, residual: Tensor | None, weight: Tensor | None,
+                 bias: Tensor | None) -> None:
     if not torch.is_grad_enabled():
         return
-    for name, t in tensors.items():
+    for name, t in (("input", x), ("residual", residual), ("weight", weight), ("bias", bias)):
         if t is not None and t.requires_grad:
             raise ValueError(f"{name} requires grad: the quantized norms are inference only "
                              "(no gradient flows through the rounding); call them under "
@@ -109,38 +110,41 @@ def _norm_quant(centred: bool, input: object, normalized_shape: object, weight: 
     x, residual, shape, weight, bias, eps, zcg, h_dtype, _ = _checked(
         input, residual, normalized_shape, weight, bias, eps, zero_centered_gamma,
         residual_dtype, False, "input")
-    dtype = _check_dtype(dtype)
-    _refuse_grad({"input": x, "residual": residual, "weight": weight, "bias": bias})
-    d = math.prod(shape)
-    row = QUANT[dtype]
+    float8 = _check_dtype(dtype) is torch.float8_e4m3fn
+    _refuse_grad(x, residual, weight, bias)
+    add = residual is not None
+    d = shape[0] if len(shape) == 1 else math.prod(shape)
     if scale is not None:
         if group_size is not None or scale_ub is not None:
             raise ValueError("scale must be None with group_size or scale_ub: a static scale "
                              "is the one scale of every row")
         scale = _check_scale_tensor(scale, "scale", x)
-    else:
+    elif group_size is not None or scale_ub is not None:
         group_size = _check_group_size(group_size, d)
         scale_ub = _scale_ub(scale_ub, x)
+    if len(shape) == 1 and x.dim() == 2 and d:  # (M, D) already: a decode step's call
+        out = norm_quant(x, residual, weight, bias, eps, centred, zcg, h_dtype, float8, scale,
+                         group_size, scale_ub)
+        return out if add else out[:2]
     lead = x.shape[:x.dim() - len(shape)]
     if d == 0:  # nothing to normalize: empty q, and the scales of empty groups
         q = torch.empty(x.shape, dtype=dtype, device=x.device)
         scales = (scale.clone() if scale is not None else
-                  torch.full((*lead, 0 if group_size else 1), row.min_scale,
+                  torch.full((*lead, 0 if group_size else 1), QUANT[dtype].min_scale,
                              dtype=torch.float32, device=x.device))
-        h = None if residual is None else (x.to(h_dtype) + residual.to(h_dtype))
-        return (q, scales) if h is None else (q, scales, h)
+        if not add:
+            return q, scales
+        return q, scales, (x.to(h_dtype) + residual.to(h_dtype))
     x2 = x.reshape(-1, d)  # (M, D): a view where the strides allow it
-    r2 = None if residual is None else residual.reshape(-1, d)
+    r2 = residual.reshape(-1, d) if add else None
     if len(shape) > 1:
         weight, bias = (None if p is None else p.reshape(-1) for p in (weight, bias))
-    q, scales, h = norm_quant(x2, r2, weight, bias, eps, centred, zcg, h_dtype, dtype, scale,
-                              group_size, scale_ub, row.qmax, row.min_scale)
+    q, scales, h = norm_quant(x2, r2, weight, bias, eps, centred, zcg, h_dtype, float8, scale,
+                              group_size, scale_ub)
     q = q.view(x.shape)
     if scale is None:
         scales = scales.view(*lead, scales.shape[-1])
-    if residual is None:
-        return q, scales
-    return q, scales, h.view(x.shape)
+    return (q, scales, h.view(x.shape)) if add else (q, scales)
 
 
 def rms_norm_quant(

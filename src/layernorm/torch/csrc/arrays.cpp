@@ -185,7 +185,7 @@ TORCH_LIBRARY_FRAGMENT(layernorm_cpu, m) {
         "Tensor? xrows, bool centred, Tensor(a!) dx, Tensor(b!)? dres, Tensor(c!) sums, "
         "Tensor(d!)? ok, int serial_elements) -> ()",
         backward_into);
-  m.def("_setup(int pool_bytes, float margin) -> ()", setup);
+  m.def("_setup(int pool_bytes, float margin, float[] qmax, float[] min_scale) -> ()", setup);
   m.def("_pool_bytes() -> int", pool_bytes);
   m.def("_n_chunks(int m) -> int", engine::n_chunks);
 }

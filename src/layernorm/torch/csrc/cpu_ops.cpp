@@ -43,9 +43,6 @@ int64_t check_backward(const Tensor& dy, const OptTensor& dh, const Tensor& src,
   return d;
 }
 
-// x (..., D), normalized over its last axis as M = numel / D rows: y and h of x's shape (h
-// an empty (0,) without residual) and stats ((M, NSTATS) float64, or (0, NSTATS) when the
-// caller keeps none).
 // D of x (..., D), checked: D >= 1.
 int64_t row_length(const Tensor& x) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) >= 1, "layernorm: x must be (..., D) with D >= 1, got ",
@@ -53,8 +50,10 @@ int64_t row_length(const Tensor& x) {
   return x.size(-1);
 }
 
-// With `quant`, y is quantized as it says (its q and scales allocated by the caller) and the
-// y returned is an empty (0,).
+// x (..., D), normalized over its last axis as M = numel / D rows: y and h of x's shape (h
+// an empty (0,) without residual) and stats ((M, NSTATS) float64, undefined when the caller
+// keeps none). With `quant`, y is quantized as it says (its q and scales allocated by the
+// caller) and the y returned is undefined.
 std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& residual,
                                            const OptTensor& weight, const OptTensor& bias,
                                            double eps, bool centred, bool zero_centered_gamma,
@@ -70,7 +69,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
   const ScalarType xdt = x.scalar_type(), hdt = h_dtype.value_or(xdt);
   const ScalarType cdt = compute(add ? hdt : xdt);
   const Tensor xc = x.contiguous();
-  Tensor y = quant ? at::empty({0}, x.options()) : output(x.sizes(), x.options());
+  Tensor y = quant ? Tensor() : output(x.sizes(), x.options());
   Tensor rc, h;
   if (add) {
     rc = residual->contiguous();
@@ -78,7 +77,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
   } else {
     h = at::empty({0}, x.options());
   }
-  Tensor stats = at::empty({keep ? m : 0, engine::kStats}, x.options().dtype(at::kDouble));
+  Tensor stats = keep ? at::empty({m, engine::kStats}, x.options().dtype(at::kDouble)) : Tensor();
   if (m == 0) return {y, h, stats};
   // the parameters in the compute dtype for this call (no copy where they already are)
   const void* scale = param_row(weight, d, cdt, zero_centered_gamma, 1.0, 0);
@@ -127,19 +126,17 @@ std::tuple<Tensor, Tensor> norm_cpu(const Tensor& x, const OptTensor& residual,
   return {y, h};
 }
 
-// q (x's shape, `dtype`: int8 or float8_e4m3fn), the scales (float32: (..., D / group_size),
-// group_size D where none is given; a copy of the static `scale` where one is) and h (an
-// empty (0,) without residual) of the norm of x (or of h = x + residual) with its y quantized
-// (engine.h, Quantize). qmax and min_scale are the dtype's row of layernorm's one table of
-// quantized dtypes (layernorm.reference.quant.QUANT_DTYPES).
+// q (x's shape: float8_e4m3fn where `float8`, else int8), the scales (float32: (..., D /
+// group_size), group_size D where none is given; a copy of the static `scale` where one is)
+// and h (an empty (0,) without residual) of the norm of x (or of h = x + residual) with its y
+// quantized (engine.h, Quantize), with the dtype's qmax and min_scale (operator.h).
 std::tuple<Tensor, Tensor, Tensor> norm_quant_cpu(
     const Tensor& x, const OptTensor& residual, const OptTensor& weight, const OptTensor& bias,
     double eps, bool centred, bool zero_centered_gamma, std::optional<ScalarType> h_dtype,
-    ScalarType dtype, const OptTensor& scale, std::optional<int64_t> group_size,
-    const OptTensor& scale_ub, double qmax, double min_scale) {
+    bool float8, const OptTensor& scale, std::optional<int64_t> group_size,
+    const OptTensor& scale_ub) {
   const int64_t d = row_length(x), m = x.numel() / d;
-  TORCH_CHECK_VALUE(dtype == ScalarType::Char || dtype == ScalarType::Float8_e4m3fn,
-                    "layernorm: dtype must be int8 or float8_e4m3fn, got ", dtype);
+  const QuantLimits limits = quant_limits(float8);
   const int64_t g = group_size.value_or(d);
   TORCH_CHECK_VALUE(g >= 1 && d % g == 0, "layernorm: group_size must divide D = ", d, ", got ",
                     g);
@@ -155,19 +152,19 @@ std::tuple<Tensor, Tensor, Tensor> norm_quant_cpu(
                     "layernorm: a static scale takes no group_size or scale_ub");
   std::vector<int64_t> scale_sizes(x.sizes().begin(), x.sizes().end());
   scale_sizes.back() = d / g;
-  Tensor q = at::empty(x.sizes(), x.options().dtype(dtype));
-  Tensor scales = dynamic ? at::empty(scale_sizes, x.options().dtype(at::kFloat))
+  Tensor q = output(x.sizes(),
+                    x.options().dtype(float8 ? ScalarType::Float8_e4m3fn : ScalarType::Char));
+  Tensor scales = dynamic ? output(scale_sizes, x.options().dtype(at::kFloat))
                           : scale->clone(at::MemoryFormat::Contiguous);
   engine::Quantize quant{q.mutable_data_ptr(),
                          dynamic ? scales.mutable_data_ptr<float>() : nullptr,
                          dynamic ? 0.0f : value(scale, "scale"),
                          scale_ub.has_value() ? value(scale_ub, "scale_ub")
                                               : std::numeric_limits<float>::infinity(),
-                         qmax,
-                         min_scale,
+                         limits.qmax,
+                         limits.min_scale,
                          g,
-                         dtype == ScalarType::Char ? engine::QDtype::int8
-                                                   : engine::QDtype::float8_e4m3fn};
+                         float8 ? engine::QDtype::float8_e4m3fn : engine::QDtype::int8};
   Tensor h = std::get<1>(forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
                                  h_dtype, false, {}, &quant));
   return {q, scales, h};

@@ -16,9 +16,12 @@
 namespace layernorm::op {
 namespace {
 double g_margin = 4.0;
+QuantLimits g_quant[2] = {{0.0, 0.0}, {0.0, 0.0}};  // int8, float8_e4m3fn: set by _setup
 }  // namespace
 
 double margin() { return g_margin; }
+
+QuantLimits quant_limits(bool float8) { return g_quant[float8 ? 1 : 0]; }
 
 // Where the kernels compute: float64 for float64, else float32.
 ScalarType compute(ScalarType t) {
@@ -137,8 +140,12 @@ Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options) {
   return at::from_blob(take(n), sizes, [n](void* p) { give_back(p, n); }, options);
 }
 
-void setup(int64_t pool_bytes, double margin) {
+void setup(int64_t pool_bytes, double margin, at::ArrayRef<double> qmax,
+           at::ArrayRef<double> min_scale) {
+  TORCH_CHECK_VALUE(qmax.size() == 2 && min_scale.size() == 2,
+                    "layernorm: _setup takes int8's and float8_e4m3fn's qmax and min_scale");
   g_margin = margin;
+  for (size_t k = 0; k < 2; ++k) g_quant[k] = {qmax[k], min_scale[k]};
   std::lock_guard<std::mutex> lock(g_pool_mutex);
   g_pool_cap = static_cast<size_t>(std::max<int64_t>(pool_bytes, 0));
   while (g_pool_bytes > g_pool_cap) {  // a smaller cap frees what no longer fits

@@ -45,7 +45,16 @@ const void* param_row(const OptTensor& p, int64_t d, ScalarType cdt, bool plus_o
 Tensor output(at::IntArrayRef sizes, const at::TensorOptions& options);
 // The recovery rule's margin (layernorm.recovery.MARGIN), set by _setup with the pool's cap.
 double margin();
-void setup(int64_t pool_bytes, double margin);
+// The quantized dtypes' qmax and min_scale (layernorm.reference.quant.QUANT_DTYPES), int8's
+// or float8_e4m3fn's, set by _setup.
+struct QuantLimits {
+  double qmax, min_scale;
+};
+QuantLimits quant_limits(bool float8);
+// _setup: the pool's cap, the recovery rule's margin, and the quantized dtypes' limits (int8's,
+// then float8_e4m3fn's).
+void setup(int64_t pool_bytes, double margin, at::ArrayRef<double> qmax,
+           at::ArrayRef<double> min_scale);
 int64_t pool_bytes();
 
 void check_cpu(const Tensor& t, const char* name);

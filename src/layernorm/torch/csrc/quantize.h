@@ -57,17 +57,71 @@ inline uint8_t float8_of(V v) {
   return static_cast<uint8_t>(code | sign);
 }
 
-// max |y_j| over [0, n), NaN where one is NaN.
+// max |y_j| over [0, n), NaN where one is NaN: in vectors of the CPU's width (the compiler
+// does not vectorise a maximum that must see NaN), then across their lanes.
 template <typename V>
 inline V group_amax(const V* y, int64_t n) {
+  constexpr int W = kWidth<V>;
+  using Vec = wide_t<V>;
+  using Mask = decltype(Vec{} != Vec{});
+  Vec vm = {};
+  Mask vnan = {};
+  int64_t j = 0;
+  for (; j + W <= n; j += W) {
+    Vec v;
+    std::memcpy(&v, y + j, sizeof v);
+    vnan |= v != v;
+    v = v < 0 ? -v : v;
+    vm = vm < v ? v : vm;
+  }
   V m = 0;
   bool nan = false;
-  for (int64_t j = 0; j < n; ++j) {
+  for (int k = 0; k < W; ++k) {
+    m = m < vm[k] ? vm[k] : m;
+    nan |= vnan[k] != 0;
+  }
+  for (; j < n; ++j) {
     const V v = std::abs(y[j]);
     m = m < v ? v : m;
     nan |= v != v;
   }
   return nan ? std::numeric_limits<V>::quiet_NaN() : m;
+}
+
+// q_j = float8_of(y_j / s) over [0, n), a vector of the CPU's width at a time (the compiler's
+// own vectorisation of the scalar loop unrolls it to 64 outputs and spills its masks).
+template <typename V>
+inline void encode_float8(const V* y, V s, int64_t n, uint8_t* q) {
+  using B = Bits<V>;
+  using U = typename B::U;
+  constexpr int W = kWidth<V>;
+  constexpr int drop = B::kStored - 3;
+  constexpr U top = U(1) << (8 * sizeof(V) - 1);
+  using Vec = wide_t<V>;
+  using UVec = vec<U, W>;
+  int64_t j = 0;
+  for (; j + W <= n; j += W) {
+    Vec v;
+    std::memcpy(&v, y + j, sizeof v);
+    v = v / s;
+    const auto nan = v != v;
+    v = v < V(-448) ? V(-448) : v;
+    v = v > V(448) ? V(448) : v;
+    UVec u;
+    std::memcpy(&u, &v, sizeof u);
+    const UVec mag = u & ~top;
+    const UVec r = mag + ((U(1) << (drop - 1)) - 1) + ((mag >> drop) & 1);
+    const UVec normal = (r >> drop) - U((B::kBias - 7) << 3);
+    Vec a;
+    std::memcpy(&a, &mag, sizeof a);
+    const UVec sub = __builtin_convertvector((a * V(512) + B::kRound) - B::kRound, UVec);
+    UVec code = a < V(1.0 / 64) ? sub : normal;
+    code = nan ? UVec{} + U(0x7F) : code;
+    code |= (u >> (8 * sizeof(V) - 1)) << 7;
+    const vec<uint8_t, W> out = __builtin_convertvector(code, vec<uint8_t, W>);
+    std::memcpy(q + j, &out, sizeof out);
+  }
+  for (; j < n; ++j) q[j] = float8_of(y[j] / s);
 }
 
 template <typename V>
@@ -76,8 +130,7 @@ inline void encode(const V* y, V s, int64_t n, QDtype dtype, V qmax, void* out) 
     int8_t* q = static_cast<int8_t*>(out);
     for (int64_t j = 0; j < n; ++j) q[j] = int8_of(y[j] / s, qmax);
   } else {
-    uint8_t* q = static_cast<uint8_t*>(out);
-    for (int64_t j = 0; j < n; ++j) q[j] = float8_of(y[j] / s);
+    encode_float8(y, s, n, static_cast<uint8_t*>(out));
   }
 }
 
