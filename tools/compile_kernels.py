@@ -35,6 +35,7 @@ from triton.runtime.jit import create_function_from_signature
 from layernorm.family import NORMS
 from layernorm.gpu import kernels as K
 from layernorm.gpu import launch
+from layernorm.reference.quant import QUANT_DTYPES
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                          "cuobjdump")
@@ -48,6 +49,8 @@ KERNELS = {  # the label of each kernel in the table
     K._bwd_long_rowstats_kernel: "bwd long row stats",
     K._bwd_long_dx_kernel: "bwd long dx",
     K._sum_partials_kernel: "sum partials",
+    K._quant_short_kernel: "quant short",
+    K._quant_rows_kernel: "quant rows",
 }
 
 
@@ -73,6 +76,16 @@ def cases_from_y() -> list[tuple[str, str, int]]:
     return [(norm, dtype, D) for dtype in ("bf16", "fp32") for norm in ("layer_norm",
                                                                         "add_layer_norm")
             for D in (launch.MAX_SHORT_D_BWD, 2 * launch.MAX_SHORT_D_FWD)]
+
+
+def cases_quant() -> list[tuple[str, str, int, bool, int | None]]:
+    """(norm, dtype, D, float8, group_size) of the quantized norm's launches compiled: the
+    largest short tile (per token, and per group of 128 with the residual add) and a long row
+    (its second kernel, per token and per group), in bfloat16 to float8 and float32 to int8."""
+    short, long = launch.MAX_SHORT_D_FWD, 2 * launch.MAX_SHORT_D_FWD
+    return [("rms_norm", "bf16", short, True, None), ("add_rms_norm", "bf16", short, True, 128),
+            ("layer_norm", "fp32", short, False, 128), ("rms_norm", "fp32", long, False, None),
+            ("rms_norm", "bf16", long, True, 128)]
 
 
 def _tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -125,6 +138,40 @@ def captured_launches(norm: str, dtype: str, D: int, from_y: bool = False) -> li
     return launches
 
 
+def captured_quant(norm: str, dtype: str, D: int, float8: bool,
+                   group_size: int | None) -> list[tuple]:
+    """(kernel, args, kwargs) of each launch of ``launch.forward_quant`` for ``norm`` on (M, D)
+    ``dtype`` meta tensors, with dynamic scales bounded by a scale_ub."""
+    n = NORMS[norm]
+    dt = DTYPES[dtype]
+    launches = []
+
+    def capture(kernel):
+        def run(*args, grid, warmup, **kwargs):
+            launches.append((kernel, args, kwargs))
+        return run
+
+    saved = {k: k.__dict__.get("run") for k in KERNELS}
+    for k in KERNELS:
+        k.run = capture(k)
+    try:
+        limits = QUANT_DTYPES["float8_e4m3fn" if float8 else "int8"]
+        launch.forward_quant(
+            _tensor((M, D), dt), _tensor((M, D), dt) if n.residual else None,
+            _tensor((D,), dt), _tensor((D,), dt) if n.centred else None, 1e-5,
+            centred=n.centred, float8=float8, group_size=group_size,
+            scale_ub=_tensor((1,), torch.float32), qmax=limits.qmax,
+            min_scale=limits.min_scale)
+    finally:
+        for k, run in saved.items():
+            if run is None:
+                del k.run
+            else:
+                k.run = run
+    return [launch_ for launch_ in launches if launch_[0] in (K._quant_short_kernel,
+                                                              K._quant_rows_kernel)]
+
+
 def launches() -> list[tuple[str, tuple, dict]]:
     """(label, (kernel, args, kwargs), dtype) of every launch to compile, in table order."""
     launch._sm_count = lambda device: SMS
@@ -135,6 +182,12 @@ def launches() -> list[tuple[str, tuple, dict]]:
     for norm, dtype, D in cases_from_y():
         for kernel, args, kwargs in captured_launches(norm, dtype, D, from_y=True):
             out.append((f"{KERNELS[kernel]} {norm} D={D} from y", (kernel, args, kwargs),
+                        dtype))
+    for norm, dtype, D, float8, group in cases_quant():
+        for kernel, args, kwargs in captured_quant(norm, dtype, D, float8, group):
+            to = "float8" if float8 else "int8"
+            per = f"groups of {group}" if group else "per token"
+            out.append((f"{KERNELS[kernel]} {norm} D={D} to {to}, {per}", (kernel, args, kwargs),
                         dtype))
     return out
 

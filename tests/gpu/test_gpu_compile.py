@@ -23,7 +23,8 @@ def test_kernels_compile_for_sm90_without_spills():
     """Protects the plan limits (MAX_SHORT_D_FWD/BWD, tile sizes, warps) and the exact facts the
     kernels rely on: each launch of every norm (bfloat16 and float32; float64 LayerNorm and its
     add-norm; the memory-efficient backward of LayerNorm and its add-norm, with kept channels
-    and rows kept whole), specialized as a launch specializes it and at each plan's largest
+    and rows kept whole; the quantized norm's, short and long rows, to int8 and float8),
+    specialized as a launch specializes it and at each plan's largest
     tile, compiles
     for sm_90 with no local arrays and no spill instruction that runs per loop iteration (a
     register or two kept on the stack once per program, outside the loops, is allowed: ptxas
@@ -34,7 +35,8 @@ def test_kernels_compile_for_sm90_without_spills():
                          capture_output=True, text=True, env=env, check=False, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads(res.stdout.strip().splitlines()[-1])
-    assert len(rows) == 80  # 70 launches of the default mode, 10 of the memory-efficient one
+    # 70 launches of the default mode, 10 of the memory-efficient one, 5 of the quantized norm
+    assert len(rows) == 85
     spilled = [r for r in rows if r["loop_spills"] or r["local"]]
     assert not spilled, spilled
     inexact = [r for r in rows if r["inexact"]]

@@ -46,20 +46,18 @@ def _moments(
 
 
 @triton.jit
-def _fwd_short_kernel(
+def _short_rows(
     X,  # *x.dtype (M, D): input rows, row stride stride_x, unit column stride
     R,  # *r.dtype (M, D): residual, row stride stride_r; None unless HAS_RESIDUAL
     H,  # *h.dtype (M, D) contiguous: output h = x + r; None unless HAS_RESIDUAL
-    Y,  # *x.dtype (M, D) contiguous: output
     W,  # *w.dtype (D,): weight, or None when HAS_W is False
     B,  # *b.dtype (D,): bias, or None when HAS_B is False
-    MEAN,  # *T (M,): output, MEAN (0 for RMSNorm); T, the compute dtype, is MEAN's dtype
-    RSTD,  # *T (M,): output, RSTD (negated on rescaled rows)
     stride_x,  # elements between consecutive rows of X
     stride_r,  # elements between consecutive rows of R
     M,  # number of rows
     D,  # row length
-    eps: "fp64",  # noqa: F821, UP037 (Triton type string) added to var, unrounded for float64
+    eps,  # float64: added to var, unrounded for float64
+    CDT: tl.constexpr,  # the compute dtype
     CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm
     HAS_RESIDUAL: tl.constexpr,  # add-norm: normalize h = x + r
     WIDE_ADD: tl.constexpr,  # the add computes in float64
@@ -69,7 +67,9 @@ def _fwd_short_kernel(
     ROWS: tl.constexpr,  # rows per program
     BLOCK_D: tl.constexpr,  # power of two >= D: a whole row per tile row
 ):
-    CDT: tl.constexpr = MEAN.dtype.element_ty
+    """The tile of whole rows of this program: (rows64, row_ok, cols, mask, y, mean, rstd),
+    y (ROWS, BLOCK_D) in CDT (zero where not mask), mean and rstd (ROWS,) as the forward
+    stores them (h stored on the way for an add-norm)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
     cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     row_ok = rows < M  # (ROWS,)
@@ -114,12 +114,43 @@ def _fwd_short_kernel(
         y = y * _load_scale(W, cols, col_ok, CDT, ZERO_CENTERED)[None, :]
     if HAS_B:
         y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(CDT)[None, :]
-    tl.store(Y + rows64[:, None] * D + cols[None, :], _to(y, Y.dtype.element_ty), mask=mask)
     if CENTRED:
         mean = tl.where(const, top, mean)  # the row's value, exactly
-    tl.store(MEAN + rows, mean, mask=row_ok)
-    rstd = tl.where(scaled, -rstd, rstd)
-    tl.store(RSTD + rows, tl.where(const, _rsqrt(eps_t), rstd), mask=row_ok)
+    rstd = tl.where(const, _rsqrt(eps_t), tl.where(scaled, -rstd, rstd))
+    return rows64, row_ok, cols, mask, y, mean, rstd
+
+
+@triton.jit
+def _fwd_short_kernel(
+    X,  # *x.dtype (M, D): input rows, row stride stride_x, unit column stride
+    R,  # *r.dtype (M, D): residual, row stride stride_r; None unless HAS_RESIDUAL
+    H,  # *h.dtype (M, D) contiguous: output h = x + r; None unless HAS_RESIDUAL
+    Y,  # *x.dtype (M, D) contiguous: output
+    W,  # *w.dtype (D,): weight, or None when HAS_W is False
+    B,  # *b.dtype (D,): bias, or None when HAS_B is False
+    MEAN,  # *T (M,): output, MEAN (0 for RMSNorm); T, the compute dtype, is MEAN's dtype
+    RSTD,  # *T (M,): output, RSTD (negated on rescaled rows)
+    stride_x,  # elements between consecutive rows of X
+    stride_r,  # elements between consecutive rows of R
+    M,  # number of rows
+    D,  # row length
+    eps: "fp64",  # noqa: F821, UP037 (Triton type string) added to var, unrounded for float64
+    CENTRED: tl.constexpr,  # LayerNorm, else RMSNorm
+    HAS_RESIDUAL: tl.constexpr,  # add-norm: normalize h = x + r
+    WIDE_ADD: tl.constexpr,  # the add computes in float64
+    HAS_W: tl.constexpr,  # weight present
+    HAS_B: tl.constexpr,  # bias present
+    ZERO_CENTERED: tl.constexpr,  # scale = 1 + w
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK_D: tl.constexpr,  # power of two >= D: a whole row per tile row
+):
+    CDT: tl.constexpr = MEAN.dtype.element_ty
+    rows64, row_ok, cols, mask, y, mean, rstd = _short_rows(
+        X, R, H, W, B, stride_x, stride_r, M, D, eps, CDT, CENTRED, HAS_RESIDUAL, WIDE_ADD,
+        HAS_W, HAS_B, ZERO_CENTERED, ROWS, BLOCK_D)
+    tl.store(Y + rows64[:, None] * D + cols[None, :], _to(y, Y.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows64, mean, mask=row_ok)
+    tl.store(RSTD + rows64, rstd, mask=row_ok)
 
 
 @triton.jit

@@ -56,11 +56,15 @@ Code paths, one line each:
   No mean, no correction pass, no rescaling: rstd is the row's own.
 * dw and db: each backward program adds its rows into partial sums in T, one (P, D) row per
   program; a second kernel sums the P rows in a fixed order. No atomics: bit-identical runs.
+* the quantized output (:mod:`layernorm.gpu.quant`): short rows normalized as the forward does
+  and quantized in registers; long rows through the long forward (y kept in T) and a second
+  kernel that takes the groups' scales and writes q.
 
 Results are rounded once to their dtype (y to x's; h to h's; dx, dresidual, dw, db to their
 own). A row's y and dx do not depend on the other rows, nor on M.
 
-The kernels live in :mod:`layernorm.gpu.forward` and :mod:`layernorm.gpu.backward`, their shared
+The kernels live in :mod:`layernorm.gpu.forward`, :mod:`layernorm.gpu.backward` and
+:mod:`layernorm.gpu.quant`, their shared
 element helpers in :mod:`layernorm.gpu.elements`; this module names them for the launchers and
 the tools.
 """
@@ -75,6 +79,8 @@ from .backward import (
 )
 from .elements import INTERPRET
 from .forward import _fwd_long_kernel, _fwd_short_kernel
+from .quant import _quant_rows_kernel, _quant_short_kernel
 
 __all__ = ["INTERPRET", "_bwd_long_dx_kernel", "_bwd_long_rowstats_kernel", "_bwd_short_kernel",
-           "_fwd_long_kernel", "_fwd_short_kernel", "_sum_partials_kernel"]
+           "_fwd_long_kernel", "_fwd_short_kernel", "_quant_rows_kernel", "_quant_short_kernel",
+           "_sum_partials_kernel"]

@@ -5,6 +5,7 @@ row length, the argument checks, the allocation of the outputs, and the launches
 * :func:`backward`: dx (and dresidual) from what the forward normalized, dw and db by the
   two-stage reduction.
 * :func:`backward_from_y`: the memory-efficient backward, xhat recovered from y.
+* :func:`forward_quant`: the forward with y quantized to int8 or float8_e4m3fn.
 * :func:`plan`: short rows (a tile of whole rows) or long rows (a loop over blocks), with the
   tile's size and warps, from the tuning constants below.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
 from .._validate import check_eps
 from .kernels import (
@@ -26,10 +28,12 @@ from .kernels import (
     _bwd_short_kernel,
     _fwd_long_kernel,
     _fwd_short_kernel,
+    _quant_rows_kernel,
+    _quant_short_kernel,
     _sum_partials_kernel,
 )
 
-__all__ = ["Plan", "backward", "backward_from_y", "forward", "plan"]
+__all__ = ["Plan", "backward", "backward_from_y", "forward", "forward_quant", "plan"]
 
 # Tuning constants (chosen from the design, not yet measured on a GPU: docs/gpu-fusion.md).
 # The two limits are the longest rows whose tiles compile for sm_90 without register spills in
@@ -146,6 +150,7 @@ def forward(
     centred: bool,
     zero_centered_gamma: bool = False,
     h_dtype: torch.dtype | None = None,
+    y_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """Fused forward of a norm of the family over the rows of ``x``.
 
@@ -160,9 +165,10 @@ def forward(
         centred: LayerNorm (True) or RMSNorm (False).
         zero_centered_gamma: scale by 1 + weight, formed in the compute dtype.
         h_dtype: h's dtype (default x's); only with a residual.
+        y_dtype: y's dtype (default x's): the compute dtype keeps y unrounded.
 
     Returns:
-        y: (M, D) contiguous, x's dtype.
+        y: (M, D) contiguous, in y_dtype.
         h: (M, D) contiguous in h_dtype, or None without a residual.
         mean, rstd: (M,) in the compute dtype of what was normalized (float64 for float64,
             else float32), what :func:`backward` reads: the mean (zeros for RMSNorm) and
@@ -190,7 +196,7 @@ def forward(
         raise TypeError(f"h_dtype must be float16, bfloat16, float32 or float64, got {h_dtype}")
     sdt = _stats_dtype(h_dtype if add else x.dtype)
     dev = x.device
-    y = torch.empty((M, D), dtype=x.dtype, device=dev)
+    y = torch.empty((M, D), dtype=y_dtype or x.dtype, device=dev)
     h = torch.empty((M, D), dtype=h_dtype, device=dev) if add else None
     mean = torch.empty(M, dtype=sdt, device=dev)
     rstd = torch.empty(M, dtype=sdt, device=dev)
@@ -218,6 +224,97 @@ def forward(
                 **flags, ROWS=p.rows, BLOCK_D=p.block, num_warps=p.num_warps,
             )
     return y, h, mean, rstd
+
+
+def forward_quant(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    *,
+    centred: bool,
+    zero_centered_gamma: bool = False,
+    h_dtype: torch.dtype | None = None,
+    float8: bool,
+    scale: torch.Tensor | None = None,
+    group_size: int | None = None,
+    scale_ub: torch.Tensor | None = None,
+    qmax: float,
+    min_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The norm of :func:`forward` with its y quantized (:mod:`layernorm.gpu.quant`).
+
+    Args:
+        x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype: as for
+            :func:`forward`.
+        float8: q in float8_e4m3fn, else int8.
+        scale: a static scale, a one-element float32 tensor on x's device, or None (dynamic).
+        group_size: channels per dynamic scale (dividing D), or None: one per row.
+        scale_ub: a one-element float32 tensor bounding a group's max|y|, or None.
+        qmax, min_scale: the dtype's (layernorm.reference.quant.QUANT_DTYPES).
+
+    Returns:
+        q (M, D) int8 or float8_e4m3fn; scales: (M, D / group_size) float32 (per row: (M, 1)),
+        or a copy of ``scale``; h as :func:`forward`'s.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must be (M, D), got shape {tuple(x.shape)}")
+    M, D = x.shape
+    if D < 1:
+        raise ValueError(f"rows must have D >= 1 elements, got D = {D}")
+    g = group_size or D
+    if D % g:
+        raise ValueError(f"group_size must divide D = {D}, got {group_size}")
+    for t, name in ((scale, "scale"), (scale_ub, "scale_ub")):
+        if t is not None and (t.numel() != 1 or t.dtype != torch.float32
+                              or t.device != x.device):
+            raise ValueError(f"{name} must be a one-element float32 tensor on x's device, "
+                             f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+    dev = x.device
+    q = torch.empty((M, D), dtype=torch.float8_e4m3fn if float8 else torch.int8, device=dev)
+    static = scale is not None
+    scales = scale.clone() if static else torch.empty((M, D // g), dtype=torch.float32,
+                                                      device=dev)
+    codes = q.view(torch.uint8) if float8 else q
+    quant = {"FLOAT8": float8, "QMAX": qmax, "MIN_SCALE": min_scale, "STATIC": static,
+             "HAS_UB": scale_ub is not None}
+    p = plan("fwd", D, wide=x.dtype == torch.float64 or h_dtype == torch.float64)
+    add = residual is not None
+    if p.long or M == 0:
+        cdt = _stats_dtype(h_dtype if add and h_dtype else x.dtype)
+        y, h, _mean, _rstd = forward(x, residual, weight, bias, eps, centred=centred,
+                                     zero_centered_gamma=zero_centered_gamma,
+                                     h_dtype=h_dtype if add else None, y_dtype=cdt)
+        if M:
+            block = max(p.block, group_size) if group_size else p.block  # whole groups
+            with _on_device(dev):
+                _quant_rows_kernel[(M,)](
+                    y, codes, scales, scale, scale_ub, D, **quant,
+                    PER_TOKEN=group_size is None, G_SIZE=g if group_size else block,
+                    BLOCK=block, num_warps=p.num_warps)
+        return q, scales, h
+    _check_rows(x, "x", M, D)
+    if add:
+        _check_rows(residual, "residual", M, D)
+    _check_param(weight, "weight", D)
+    _check_param(bias, "bias", D)
+    eps = check_eps(eps)
+    h_dtype = x.dtype if h_dtype is None else h_dtype
+    h = torch.empty((M, D), dtype=h_dtype, device=dev) if add else None
+    with _on_device(dev):
+        _quant_short_kernel[(triton.cdiv(M, p.rows),)](
+            x, residual, h, codes, scales, scale, scale_ub, weight, bias, x.stride(0),
+            residual.stride(0) if add else 0, M, D, D // g if group_size else 1, eps,
+            CDT=tl.float64 if _stats_dtype(h_dtype if add else x.dtype) == torch.float64
+            else tl.float32, CENTRED=centred,
+            HAS_RESIDUAL=add,
+            WIDE_ADD=add and torch.float64 in (x.dtype, residual.dtype, h_dtype),
+            HAS_W=weight is not None, HAS_B=bias is not None,
+            ZERO_CENTERED=zero_centered_gamma, **quant,
+            G_SIZE=g if group_size else p.block, ROWS=p.rows, BLOCK_D=p.block,
+            num_warps=p.num_warps)
+    return q, scales, h
 
 
 def _check_backward(dy: torch.Tensor, dh: torch.Tensor | None, src: torch.Tensor, name: str,

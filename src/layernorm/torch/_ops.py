@@ -314,8 +314,25 @@ def _bwd_y_triton(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xro
     return _triton_backward(launch, dy, dh, y, x_dtype, residual_dtype)
 
 
+def _norm_quant_triton(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
+                       float8, scale, group_size, scale_ub):
+    from ..gpu import launch as launchers
+    from ..reference.quant import QUANT_DTYPES
+
+    limits = QUANT_DTYPES["float8_e4m3fn" if float8 else "int8"]
+    q, scales, h = launchers.forward_quant(
+        _rows(x), _rows(residual), weight, bias, eps, centred=centred,
+        zero_centered_gamma=zero_centered_gamma, h_dtype=None if residual is None else h_dtype,
+        float8=float8, scale=scale, group_size=group_size, scale_ub=scale_ub,
+        qmax=limits.qmax, min_scale=limits.min_scale)
+    if scale is None:
+        scales = scales.view(*x.shape[:-1], scales.shape[-1])
+    return q.view(x.shape), scales, x.new_empty((0,)) if h is None else h.view(x.shape)
+
+
 triton_kernels = (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_triton),
-                  ("fwd_y", _fwd_y_triton), ("bwd_y", _bwd_y_triton))
+                  ("fwd_y", _fwd_y_triton), ("bwd_y", _bwd_y_triton),
+                  ("norm_quant", _norm_quant_triton))
 """The ops' CUDA kernels by name: the Triton launchers (registered for CUDA tensors here)."""
 for _name, _fn in triton_kernels:
     _LIB.impl(_name, _fn, "CUDA")

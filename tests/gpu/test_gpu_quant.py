@@ -1,0 +1,38 @@
+"""The Triton kernels of the quantized norms (layernorm.gpu.quant) through their launcher
+(layernorm.gpu.launch.forward_quant), held to the spec's tests (quant_cases.QuantSpec, the same
+the CPU paths pass) on both of their paths: a tile of whole rows quantized in registers, and
+long rows (the plan's limits lowered) quantized from y in a second kernel. On CUDA where
+present, else in Triton's interpreter on CPU tensors (conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+from quant_cases import QuantSpec  # noqa: E402
+from triton_cases import OVERFLOW_IS_AN_ANSWER  # noqa: E402
+
+from layernorm.gpu import launch  # noqa: E402
+
+# every buffer the launchers allocate starts as NaN (conftest.py); the interpreter computes
+# masked-out lanes too
+pytestmark = [pytest.mark.usefixtures("poisoned_outputs"), OVERFLOW_IS_AN_ANSWER]
+
+
+@pytest.fixture(params=["short", "long"])
+def backend(request, monkeypatch) -> str:
+    """The Triton launcher, with rows short (whole in a tile) or long (every D > 64 in blocks
+    of 32, a group of 64 or 128 spanning blocks)."""
+    if request.param == "long":
+        monkeypatch.setattr(launch, "MAX_SHORT_D_FWD", 64)
+        monkeypatch.setattr(launch, "LONG_BLOCK", 32)
+        assert launch.plan("fwd", 128).long
+    return "triton"
+
+
+class TestTritonQuantSpec(QuantSpec):
+    """The spec on the Triton kernels, on shapes the interpreter runs in seconds."""
+
+    ORACLE_SHAPE = (6, 256)
+    BATCH_SHAPE = (9, 256)
