@@ -155,3 +155,61 @@ def test_compile_fullgraph_and_export_give_the_eager_result():
     exported = torch.export.export(M(), (x, r, w)).module()(x, r, w)
     for a, b, c in zip(eager, compiled, exported, strict=True):
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+# --- the benchmark's pieces -------------------------------------------------------------------
+
+def test_the_eager_pair_and_the_models_quantizer_follow_the_spec():
+    """Protects the comparisons of ``layernorm bench --quant``: the pair it times against
+    (norm_then_quantize) and the W8A8 model's per-token quantizer give the spec's q and scales
+    on float32 input, where y in the compute dtype is y in x's dtype (the pair rounds y to x's
+    dtype first, so on bfloat16 input they may differ by a step)."""
+    from layernorm.bench.quant import norm_then_quantize
+    from layernorm.bench.w8a8 import quantize_tokens
+
+    x = _x((16, 512), torch.float32)
+    w = torch.rand(512) + 0.5
+    with torch.no_grad():
+        for dtype, qmax, min_scale in ((torch.int8, 127.0, 2.0**-23),
+                                       (torch.float8_e4m3fn, 448.0, 1 / (448 * 512))):
+            q, s = lt.rms_norm_quant(x, 512, w, 1e-6, dtype=dtype)
+            qp, sp = norm_then_quantize(x, w, 1e-6, dtype, qmax, min_scale)
+            assert torch.equal(q.float(), qp.float()) and torch.equal(s, sp)
+        qt, st = quantize_tokens(lt.rms_norm(x, 512, w, 1e-6))
+        q, s = lt.rms_norm_quant(x, 512, w, 1e-6)
+        assert torch.equal(qt, q) and torch.equal(st, s)
+
+
+def test_the_w8a8_models_fused_and_unfused_agree(monkeypatch):
+    """Protects the end-to-end comparison: on float32 activations the fused quantized norms
+    feed the int8 Linears the same q and scales as norm-then-quantize, so the two W8A8 models
+    give the same logits, and both stay near the float model (a small config)."""
+    from layernorm.bench import w8a8
+
+    monkeypatch.setattr(w8a8, "CONFIG", {**w8a8.CONFIG, "hidden": 128, "intermediate": 256,
+                                         "layers": 2, "heads": 4, "kv_heads": 2, "vocab": 300,
+                                         "max_len": 64})
+    model = w8a8.Model()
+    tokens = torch.arange(12) * 7 % 300
+    with torch.no_grad():
+        fused = model.forward(tokens, 0, "w8a8 fused")
+        unfused = model.forward(tokens, 0, "w8a8 unfused")
+        ref = model.forward(tokens, 0, "float")
+        step = model.forward(tokens[:1] + 1, 12, "w8a8 fused")  # a decode step over the cache
+    assert torch.equal(fused, unfused)
+    assert float((fused - ref).abs().max()) < 0.1 * float(ref.abs().max())
+    assert step.shape == (1, 300)
+
+
+def test_the_benchmarks_verdicts():
+    """Protects how ``layernorm bench --quant`` judges: an at-most goal (decode) met only where
+    p80 is within it, missed where p20 is beyond it; the summary counts undecided rows apart."""
+    from layernorm.bench import quant
+
+    assert quant._at_most([1.1, 1.05, 1.15], 1.2) == "met"
+    assert quant._at_most([1.3, 1.25, 1.4], 1.2) == "missed"
+    assert quant._at_most([1.2, 1.1, 1.3], 1.2).startswith("within the noise")
+    rows = [{"verdicts": {"eager": "met", "torch.compile": "missed"}},
+            {"verdicts": {"eager": "noisy: rerun (1.40x-1.70x)", "torch.compile": "met"}}]
+    assert quant.summary_line(rows) == ("1.5x eager: 1 met, 0 missed, 1 undecided; "
+                                        "1.2x torch.compile: 1 met, 1 missed")
