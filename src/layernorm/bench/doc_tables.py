@@ -23,11 +23,11 @@ from pathlib import Path
 
 from .._table import render
 from ..family import NORMS
-from . import peer_report, results
+from . import peer_report, quant, results, w8a8
 
 __all__ = ["BLOCKS", "Block", "bandwidth_table", "call_cost_table", "complexity_table",
-           "kernel_times_table", "memory_efficient_table", "onnxruntime_rows_table", "stale",
-           "update"]
+           "kernel_times_table", "memory_efficient_table", "onnxruntime_rows_table",
+           "quant_table", "stale", "update", "w8a8_table"]
 
 
 
@@ -117,6 +117,22 @@ def memory_efficient_table(result: dict) -> str:
             f"`{m['command']}`:\n\n" + results.me_table(result["rows"], markdown=True))
 
 
+def quant_table(result: dict) -> str:
+    """docs/quantized.md: ``layernorm bench --quant``'s tables of the quantized norm and its
+    goals' counts."""
+    m = result["meta"]
+    return (f"{m['machine'].get('cpu', 'unknown CPU')}, torch {m['machine'].get('torch', '?')}, "
+            f"{m['rounds']} rounds, `{m['command']}`:\n\n" + quant.format_quant(result)
+            + "\n\n" + quant.summary_line(result["rows"]) + ".")
+
+
+def w8a8_table(result: dict) -> str:
+    """docs/quantized.md: the W8A8 model end to end, from the same run."""
+    e2e = result["w8a8"]
+    ao = f" torchao {e2e['torchao']}." if "torchao" in e2e else ""
+    return w8a8.format_w8a8(e2e) + ao
+
+
 @dataclass(frozen=True)
 class Block:
     """A generated table: the document it sits in, its result file, how it is made."""
@@ -137,6 +153,8 @@ BLOCKS: dict[str, Block] = {
                               onnxruntime_rows_table),
     "memory-efficient": Block("docs/cpu-kernels.md", "cpu-memory-efficient-1of3.json",
                               memory_efficient_table),
+    "quant-speed": Block("docs/quantized.md", "cpu-quant.json", quant_table),
+    "quant-w8a8": Block("docs/quantized.md", "cpu-quant.json", w8a8_table),
 }
 _TOOL = "python tools/doc_tables.py"
 

@@ -88,10 +88,10 @@ def _ratios(num: list[float], den: list[float]) -> list[float]:
     return [float(q) for q in np.percentile(r, [50, 20, 80])]
 
 
-def measure(shape: tuple[int, ...], dtype: str, qdtype: str, threads: int, rounds: int,
-            compiled: dict) -> dict:
+def measure(shape: tuple[int, ...], dtype: str, qdtype: str, threads: int,
+            rounds: int) -> dict:
     """One case's row: per provider p50/p20/p80 ms, the ratios (p50, p20, p80 over rounds)
-    and the verdicts. ``compiled`` caches torch.compile's pair by (dtype, qdtype)."""
+    and the verdicts; torch.compile's pair compiled for the case (static shapes, fullgraph)."""
     import torch
 
     import layernorm.torch as lt
@@ -123,10 +123,8 @@ def measure(shape: tuple[int, ...], dtype: str, qdtype: str, threads: int, round
             src = np.ones(x.numel(), np.dtype(f"u{x.element_size()}"))
             calls["copy"] = copier(src, np.empty_like(src))
         if not decode and not dram:
-            key = (dtype, qdtype)
-            if key not in compiled:
-                compiled[key] = torch.compile(norm_then_quantize, dynamic=False)
-            pair = compiled[key]
+            torch._dynamo.reset()  # each case compiles afresh: no recompile limit across cases
+            pair = torch.compile(norm_then_quantize, dynamic=False, fullgraph=True)
             calls["eager"] = lambda: norm_then_quantize(*args)
             calls["torch.compile"] = lambda: pair(*args)
             qp, _ = pair(*args)
@@ -190,14 +188,13 @@ def run(rounds: int = 9, shapes: tuple[tuple[int, ...], ...] = SHAPES,
     of ``threads``); ``{"meta": ..., "rows": [...]}``."""
     progress = progress or (lambda msg: None)
     meta = {**run_meta(), "rounds": rounds, "goals": GOALS}
-    compiled: dict = {}
     rows = []
-    cases = [(s, dt, q, t) for s in (*shapes, DECODE_SHAPE) for dt in DTYPES for q in QDTYPES
-             for t in threads]
+    cases = [(s, dt, q, t) for t in threads for s in (*shapes, DECODE_SHAPE) for dt in DTYPES
+             for q in QDTYPES]
     cases += [(DRAM_SHAPE, dt, q, max(threads)) for dt in DTYPES for q in QDTYPES]
     for shape, dt, q, t in cases:
         progress(f"{'x'.join(map(str, shape))} {dt} -> {q}, {results.n_threads(t)}")
-        rows.append(measure(shape, dt, q, t, rounds, compiled))
+        rows.append(measure(shape, dt, q, t, rounds))
     meta["loadavg"].append(os.getloadavg()[0])
     return {"meta": meta, "rows": rows}
 

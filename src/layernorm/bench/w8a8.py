@@ -230,6 +230,7 @@ def w8a8_end_to_end(rounds: int = 5, threads: int | None = None,
             return model.forward(tok, start, "float", layers)
 
         steps["torchao"] = ao
+        torch._dynamo.reset()  # a fresh cache: no recompile limit left over from other runs
         steps["torchao compiled"] = torch.compile(ao, dynamic=False)
     except Exception as exc:  # noqa: BLE001 - any failure: say why, time the rest
         why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"

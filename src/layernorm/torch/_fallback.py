@@ -117,8 +117,8 @@ def _fwd_y(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype
             xrows)
 
 
-def _norm_quant(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype, float8,
-                scale, group_size, scale_ub):
+def _add_norm_quant(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
+                    float8, scale, group_size, scale_ub):
     from ..reference.quant import QUANT_DTYPES, quantize_rows
 
     dtype = torch.float8_e4m3fn if float8 else torch.int8
@@ -142,6 +142,12 @@ def _norm_quant(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_
     scales = scale.clone() if scale is not None else torch.from_numpy(s).reshape(
         *x.shape[:-1], s.shape[1])
     return q.reshape(x.shape), scales, h
+
+
+def _norm_quant(x, weight, bias, eps, centred, zero_centered_gamma, float8, scale, group_size,
+                scale_ub):
+    return _add_norm_quant(x, None, weight, bias, eps, centred, zero_centered_gamma, None,
+                           float8, scale, group_size, scale_ub)[:2]
 
 
 def _backward(dy, dh, src, weight, bias, stats, centred, zero_centered_gamma, x_dtype,
@@ -192,5 +198,6 @@ def _bwd_y(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xrows, cen
 def register(lib: torch.library.Library) -> None:
     """Register the fallback as the CPU kernels of the ops ``lib`` defines."""
     for name, fn in (("fwd", _fwd), ("norm", _norm), ("bwd", _bwd), ("fwd_y", _fwd_y),
-                     ("bwd_y", _bwd_y), ("norm_quant", _norm_quant)):
+                     ("bwd_y", _bwd_y), ("norm_quant", _norm_quant),
+                     ("add_norm_quant", _add_norm_quant)):
         lib.impl(name, fn, "CPU")

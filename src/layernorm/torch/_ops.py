@@ -57,6 +57,7 @@ from ._dtypes import compute_dtype
 
 __all__ = ["DOUBLE_BACKWARD", "NATIVE", "bwd", "bwd_y", "composite_backward", "fwd", "fwd_y",
            "fwd_shapes", "fwd_y_shapes", "kept_channels", "kept_rows", "norm", "norm_quant",
+           "add_norm_quant",
            "statistics",
            "triton_kernels",
            "wide_residual_warning"]
@@ -83,7 +84,11 @@ _LIB.define(
     "-> (Tensor, Tensor, Tensor, Tensor)")
 
 _LIB.define(
-    "norm_quant(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, "
+    "norm_quant(Tensor x, Tensor? weight, Tensor? bias, float eps, bool centred, "
+    "bool zero_centered_gamma, bool float8, Tensor? scale, int? group_size, Tensor? scale_ub) "
+    "-> (Tensor, Tensor)")
+_LIB.define(
+    "add_norm_quant(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps, "
     "bool centred, bool zero_centered_gamma, ScalarType? h_dtype, bool float8, "
     "Tensor? scale, int? group_size, Tensor? scale_ub) -> (Tensor, Tensor, Tensor)")
 
@@ -93,13 +98,17 @@ two statistics tensors the backward reads (layout: see the module docstring)."""
 norm = torch.ops.layernorm.norm.default
 """y and h as :data:`fwd`, without statistics: the forward when nothing needs a gradient."""
 norm_quant = torch.ops.layernorm.norm_quant.default
-"""q, scales and h of the norm (of x, or of h = x + residual) with its y quantized to
-float8_e4m3fn (``float8``) or int8 and never stored (:mod:`layernorm.reference.quant` states it,
-with the dtype's qmax and min_scale from its table): q in x's shape; scales float32,
-(..., D / group_size) of the data (group_size None: per token, (..., 1)), or a copy of the
-static ``scale`` (a one-element float32 tensor); h as :data:`norm`'s. ``scale_ub`` is None or a
-one-element float32 tensor. Inference only: no autograd. (A flag, not a dtype argument: torch
-converts a dtype argument in about a microsecond, a fifth of a decode step's call.)"""
+"""q and scales of the norm of x with its y quantized to float8_e4m3fn (``float8``) or int8 and
+never stored (:mod:`layernorm.reference.quant` states it, with the dtype's qmax and min_scale
+from its table): q in x's shape; scales float32, (..., D / group_size) of the data (group_size
+None: per token, (..., 1)), or a copy of the static ``scale`` (a one-element float32 tensor).
+``scale_ub`` is None or a one-element float32 tensor. Inference only: no autograd. (A flag, not
+a dtype argument: torch converts a dtype argument in about a microsecond, a tenth of a decode
+step's call.)"""
+add_norm_quant = torch.ops.layernorm.add_norm_quant.default
+"""q, scales and h of the norm of h = x + residual (h in ``h_dtype``, as :data:`norm`'s) with its
+y quantized, as :data:`norm_quant`. (Its own op, not an optional residual: a decode step's call
+pays torch's dispatch for every argument and output.)"""
 bwd = torch.ops.layernorm.bwd.default
 """dx (M, D) in ``x_dtype`` (xn's dtype when None), dh added where given; dresidual (M, D), the
 same sum in ``residual_dtype`` where that is given, else an empty (0,); dweight and dbias in
@@ -314,8 +323,8 @@ def _bwd_y_triton(dy, dh, y, weight, bias, stats0, stats1, keep, kept, rows, xro
     return _triton_backward(launch, dy, dh, y, x_dtype, residual_dtype)
 
 
-def _norm_quant_triton(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
-                       float8, scale, group_size, scale_ub):
+def _add_norm_quant_triton(x, residual, weight, bias, eps, centred, zero_centered_gamma,
+                           h_dtype, float8, scale, group_size, scale_ub):
     from ..gpu import launch as launchers
     from ..reference.quant import QUANT_DTYPES
 
@@ -330,9 +339,16 @@ def _norm_quant_triton(x, residual, weight, bias, eps, centred, zero_centered_ga
     return q.view(x.shape), scales, x.new_empty((0,)) if h is None else h.view(x.shape)
 
 
+def _norm_quant_triton(x, weight, bias, eps, centred, zero_centered_gamma, float8, scale,
+                       group_size, scale_ub):
+    return _add_norm_quant_triton(x, None, weight, bias, eps, centred, zero_centered_gamma,
+                                  None, float8, scale, group_size, scale_ub)[:2]
+
+
 triton_kernels = (("fwd", _fwd_triton), ("norm", _norm_triton), ("bwd", _bwd_triton),
                   ("fwd_y", _fwd_y_triton), ("bwd_y", _bwd_y_triton),
-                  ("norm_quant", _norm_quant_triton))
+                  ("norm_quant", _norm_quant_triton),
+                  ("add_norm_quant", _add_norm_quant_triton))
 """The ops' CUDA kernels by name: the Triton launchers (registered for CUDA tensors here)."""
 for _name, _fn in triton_kernels:
     _LIB.impl(_name, _fn, "CUDA")
@@ -380,14 +396,24 @@ def _norm_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_d
     return _outputs_fake(x, residual, h_dtype)
 
 
-@torch.library.register_fake("layernorm::norm_quant")
-def _norm_quant_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
-                     float8, scale, group_size, scale_ub):
+def _quant_fake(x, float8, scale, group_size):
     d = x.shape[-1]
     scales = (scale.new_empty(scale.shape) if scale is not None else
               x.new_empty((*x.shape[:-1], d // (group_size or d)), dtype=torch.float32))
-    q = x.new_empty(x.shape, dtype=torch.float8_e4m3fn if float8 else torch.int8)
-    return q, scales, _outputs_fake(x, residual, h_dtype)[1]
+    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn if float8 else torch.int8), scales
+
+
+@torch.library.register_fake("layernorm::norm_quant")
+def _norm_quant_fake(x, weight, bias, eps, centred, zero_centered_gamma, float8, scale,
+                     group_size, scale_ub):
+    return _quant_fake(x, float8, scale, group_size)
+
+
+@torch.library.register_fake("layernorm::add_norm_quant")
+def _add_norm_quant_fake(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
+                         float8, scale, group_size, scale_ub):
+    return (*_quant_fake(x, float8, scale, group_size),
+            _outputs_fake(x, residual, h_dtype)[1])
 
 
 @torch.library.register_fake("layernorm::bwd")

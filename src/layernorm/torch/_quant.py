@@ -3,7 +3,8 @@ float8_e4m3fn, with static, per-token or per-group scales, the residual add fuse
 
 The numerics are :mod:`layernorm.reference.quant`'s (docs/derivation.md, "Quantized output"):
 y in the compute dtype, never rounded to the input's dtype, then q = y / s rounded to nearest
-even and saturated. One op, ``layernorm::norm_quant``, on the CPU (the C++ engine) and CUDA
+even and saturated. Two ops, ``layernorm::norm_quant`` and ``layernorm::add_norm_quant``, on the
+CPU (the C++ engine) and CUDA
 (Triton); ``torch.compile(fullgraph=True)`` and ``torch.export`` see it as one node. Inference
 only: an argument that needs a gradient is refused.
 """
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from ..reference.quant import GROUP_SIZES, QUANT_DTYPES
 from ._functional import _checked, _is_compiling, _is_exporting, _tracing_state
-from ._ops import norm_quant
+from ._ops import add_norm_quant, norm_quant
 
 __all__ = ["layer_norm_quant", "rms_norm_quant"]
 
@@ -123,9 +124,11 @@ def _norm_quant(centred: bool, input: object, normalized_shape: object, weight: 
         group_size = _check_group_size(group_size, d)
         scale_ub = _scale_ub(scale_ub, x)
     if len(shape) == 1 and x.dim() == 2 and d:  # (M, D) already: a decode step's call
-        out = norm_quant(x, residual, weight, bias, eps, centred, zcg, h_dtype, float8, scale,
-                         group_size, scale_ub)
-        return out if add else out[:2]
+        if add:
+            return add_norm_quant(x, residual, weight, bias, eps, centred, zcg, h_dtype, float8,
+                                  scale, group_size, scale_ub)
+        return norm_quant(x, weight, bias, eps, centred, zcg, float8, scale, group_size,
+                          scale_ub)
     lead = x.shape[:x.dim() - len(shape)]
     if d == 0:  # nothing to normalize: empty q, and the scales of empty groups
         q = torch.empty(x.shape, dtype=dtype, device=x.device)
@@ -139,8 +142,12 @@ def _norm_quant(centred: bool, input: object, normalized_shape: object, weight: 
     r2 = residual.reshape(-1, d) if add else None
     if len(shape) > 1:
         weight, bias = (None if p is None else p.reshape(-1) for p in (weight, bias))
-    q, scales, h = norm_quant(x2, r2, weight, bias, eps, centred, zcg, h_dtype, float8, scale,
-                              group_size, scale_ub)
+    if add:
+        q, scales, h = add_norm_quant(x2, r2, weight, bias, eps, centred, zcg, h_dtype, float8,
+                                      scale, group_size, scale_ub)
+    else:
+        q, scales = norm_quant(x2, weight, bias, eps, centred, zcg, float8, scale, group_size,
+                               scale_ub)
     q = q.view(x.shape)
     if scale is None:
         scales = scales.view(*lead, scales.shape[-1])

@@ -74,7 +74,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
   if (add) {
     rc = residual->contiguous();
     h = output(x.sizes(), x.options().dtype(hdt));
-  } else {
+  } else if (!quant) {
     h = at::empty({0}, x.options());
   }
   Tensor stats = keep ? at::empty({m, engine::kStats}, x.options().dtype(at::kDouble)) : Tensor();
@@ -128,9 +128,9 @@ std::tuple<Tensor, Tensor> norm_cpu(const Tensor& x, const OptTensor& residual,
 
 // q (x's shape: float8_e4m3fn where `float8`, else int8), the scales (float32: (..., D /
 // group_size), group_size D where none is given; a copy of the static `scale` where one is)
-// and h (an empty (0,) without residual) of the norm of x (or of h = x + residual) with its y
+// and h (undefined without residual) of the norm of x (or of h = x + residual) with its y
 // quantized (engine.h, Quantize), with the dtype's qmax and min_scale (operator.h).
-std::tuple<Tensor, Tensor, Tensor> norm_quant_cpu(
+std::tuple<Tensor, Tensor, Tensor> quantized(
     const Tensor& x, const OptTensor& residual, const OptTensor& weight, const OptTensor& bias,
     double eps, bool centred, bool zero_centered_gamma, std::optional<ScalarType> h_dtype,
     bool float8, const OptTensor& scale, std::optional<int64_t> group_size,
@@ -168,6 +168,30 @@ std::tuple<Tensor, Tensor, Tensor> norm_quant_cpu(
   Tensor h = std::get<1>(forward(x, residual, weight, bias, eps, centred, zero_centered_gamma,
                                  h_dtype, false, {}, &quant));
   return {q, scales, h};
+}
+
+// The two ops: the plain norm's (two outputs) and the add-norm's (h too). Two schemas, not one
+// with an optional residual: a decode step's call pays torch's dispatch per argument and per
+// output (a third output and two more arguments cost about 0.6 us of a 10 us call).
+std::tuple<Tensor, Tensor> norm_quant_cpu(const Tensor& x, const OptTensor& weight,
+                                          const OptTensor& bias, double eps, bool centred,
+                                          bool zero_centered_gamma, bool float8,
+                                          const OptTensor& scale,
+                                          std::optional<int64_t> group_size,
+                                          const OptTensor& scale_ub) {
+  auto [q, scales, h] = quantized(x, std::nullopt, weight, bias, eps, centred,
+                                  zero_centered_gamma, std::nullopt, float8, scale, group_size,
+                                  scale_ub);
+  return {q, scales};
+}
+
+std::tuple<Tensor, Tensor, Tensor> add_norm_quant_cpu(
+    const Tensor& x, const Tensor& residual, const OptTensor& weight, const OptTensor& bias,
+    double eps, bool centred, bool zero_centered_gamma, std::optional<ScalarType> h_dtype,
+    bool float8, const OptTensor& scale, std::optional<int64_t> group_size,
+    const OptTensor& scale_ub) {
+  return quantized(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype, float8,
+                   scale, group_size, scale_ub);
 }
 
 // The two backwards after their own checks: dx (and dresidual, when residual_dtype is given)
@@ -472,6 +496,7 @@ TORCH_LIBRARY_IMPL(layernorm, CPU, m) {
   m.impl("bwd", bwd_cpu);
   m.impl("norm", norm_cpu);
   m.impl("norm_quant", norm_quant_cpu);
+  m.impl("add_norm_quant", add_norm_quant_cpu);
   m.impl("fwd_y", fwd_y_cpu);
   m.impl("bwd_y", bwd_y_cpu);
 }
