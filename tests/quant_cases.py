@@ -147,11 +147,46 @@ F8_CASES = [(1.0625, 1.0), (1.1875, 1.25), (2.0**-10, 0.0), (3 * 2.0**-10, 2.0**
             (np.inf, 448.0), (np.nan, np.nan), (0.0, 0.0), (2.0**-6, 2.0**-6)]
 
 
+EXACT_D = 100  # at least this many values a row: whole vectors and a ragged tail in every path
+
+
+def _tiled(values: list, expected: list) -> tuple[list, list]:
+    """``values`` and ``expected`` repeated to at least EXACT_D entries (both alike), so that
+    the cases reach the CPU's full vectors (not only a loop's scalar tail) and Triton's long
+    path (rows over 64 there) with a ragged last block."""
+    n = max(len(values), EXACT_D)
+    return list(np.resize(np.array(values, object), n)), list(np.resize(np.array(expected,
+                                                                                 object), n))
+
+
 def _exact_y(values: list[float], dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """x and gamma whose RMSNorm (eps = 0) is exactly ``values``: x of ones has rstd 1, so
     y = gamma."""
     npdt = np.dtype(dtype)
     return np.ones((1, len(values)), npdt), np.array(values, npdt)
+
+
+def _division_cases(qdtype: str) -> tuple[np.float32, np.ndarray]:
+    """(s, y): a float32 scale and float32 values y, each with q(y / s) (a true division)
+    different from q(y * float32(1 / s)): values at (or an ulp from) a rounding boundary of the
+    dtype's grid, times s."""
+    f = np.float32
+    if qdtype == "int8":
+        s = f(0.13102272152900696)
+        bounds = np.arange(-126, 126) + 0.5
+    else:
+        s = f(0.19568340480327606)
+        grid = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(F8).astype(np.float64)))
+        grid = grid[np.isfinite(grid)]
+        bounds = (grid[1:] + grid[:-1]) / 2
+    y = (s * bounds.astype(f)).astype(f)
+    y = np.concatenate([y, np.nextafter(y, f(1e9)), np.nextafter(y, f(-1e9))])
+
+    def q(v):
+        return np.rint(v) if qdtype == "int8" else v.astype(F8).astype(np.float64)
+
+    differ = q(y / s) != q(y * (f(1) / s))
+    return s, y[differ]
 
 
 class QuantSpec:
@@ -183,10 +218,23 @@ class QuantSpec:
                              ids=["int8", "float8"])
     def test_rounding_is_to_nearest_even_and_saturates(self, backend, dtype, qdtype, cases):
         """Protects the encodings: known ties, saturation, inf and NaN for a static scale of 1."""
-        x, gamma = _exact_y([v for v, _ in cases], dtype)
+        values, expected = _tiled([v for v, _ in cases], [w for _, w in cases])
+        x, gamma = _exact_y(values, dtype)
         q, s = norm_quant(backend, False, x, gamma, eps=0.0, dtype=qdtype,
                           scale=np.array(1.0, np.float32))
-        np.testing.assert_array_equal(q[0], [w for _, w in cases])
+        np.testing.assert_array_equal(q[0], np.array(expected, np.float64))
+
+    @pytest.mark.parametrize("qdtype", QDTYPES)
+    def test_q_divides_by_the_scale(self, backend, qdtype):
+        """Protects the true division: values where y / s and y * (1 / s) round to different q
+        (at a rounding boundary of the grid) get the division's, for a static scale."""
+        s, y = _division_cases(qdtype)
+        assert y.size >= 3  # the cases exist: a multiply by the reciprocal would fail here
+        want = np.rint(y / s) if qdtype == "int8" else (y / s).astype(F8).astype(np.float64)
+        values, expected = _tiled(list(y), list(want))
+        x, gamma = _exact_y(values, "float32")
+        q, _ = norm_quant(backend, False, x, gamma, eps=0.0, dtype=qdtype, scale=np.array(s))
+        np.testing.assert_array_equal(q[0], np.array(expected, np.float64))
 
     @pytest.mark.parametrize("dtype", ["float32", "float64"])
     def test_float8_matches_ml_dtypes_everywhere_in_range(self, backend, dtype):
@@ -206,11 +254,12 @@ class QuantSpec:
     def test_float64_y_is_rounded_once(self, backend):
         """Protects one rounding from y's precision: a float64 y just above a float8 tie, which a
         detour through float32 would put on the tie (and round to even, below), rounds up."""
-        v = [1.0625 + 2.0**-40, -(1.0625 + 2.0**-40), 2.0**-10 + 2.0**-60]
+        v, want = _tiled([1.0625 + 2.0**-40, -(1.0625 + 2.0**-40), 2.0**-10 + 2.0**-60],
+                         [1.125, -1.125, 2.0**-9])
         x, gamma = _exact_y(v, "float64")
         q, _ = norm_quant(backend, False, x, gamma, eps=0.0, dtype="float8_e4m3fn",
                           scale=np.array(1.0, np.float32))
-        np.testing.assert_array_equal(q[0], [1.125, -1.125, 2.0**-9])
+        np.testing.assert_array_equal(q[0], np.array(want, np.float64))
 
     @pytest.mark.parametrize("qdtype", QDTYPES)
     def test_zero_rows_get_the_smallest_scale(self, backend, qdtype):
@@ -226,9 +275,9 @@ class QuantSpec:
     def test_scale_ub_bounds_the_scale(self, backend, qdtype):
         """Protects scale_ub: a token whose max|y| exceeds it gets scale_ub / qmax, its largest
         values saturate, and a token below it is unchanged."""
-        x = np.zeros((2, 64), np.float32)
-        x[0, :2] = [10.0, -10.0]  # RMSNorm y = +-sqrt(32) at those two channels
-        x[1] = np.linspace(-1, 1, 64, dtype=np.float32)
+        x = np.zeros((2, 128), np.float32)
+        x[0, :2] = [10.0, -10.0]  # RMSNorm y = +-sqrt(64) at those two channels
+        x[1] = np.linspace(-1, 1, 128, dtype=np.float32)
         qmax = QUANT_DTYPES[qdtype].qmax
         q, s = norm_quant(backend, False, x, eps=0.0, dtype=qdtype, scale_ub=2.0)
         q0, s0 = norm_quant(backend, False, x, eps=0.0, dtype=qdtype)
@@ -275,6 +324,17 @@ class QuantSpec:
                                 group_size=group)
             np.testing.assert_array_equal(qi[0], q[i])
             np.testing.assert_array_equal(si[0], s[i])
+
+    @pytest.mark.parametrize("qdtype", QDTYPES)
+    @pytest.mark.parametrize("centred", [False, True], ids=["rms", "layer"])
+    def test_a_ragged_row_per_token(self, backend, qdtype, centred):
+        """Protects per-token scales over a row that fills no whole vector or block: D = 100
+        (a ragged tail on the CPU and on Triton's long path), against the oracle."""
+        x, gamma, beta = _data("float32", (5, 100), 8, centred)
+        q, s = norm_quant(backend, centred, x, gamma, beta, 1e-5, dtype=qdtype)
+        want_q, want_s = oracle(y64(x, gamma, beta, 1e-5, centred), qdtype, None)
+        assert_close(s, want_s, "float32", "quant-scale", name="scales")
+        assert_quantized(q, want_q, qdtype)
 
     @pytest.mark.parametrize("qdtype", QDTYPES)
     def test_static_scale(self, backend, qdtype):

@@ -22,13 +22,28 @@ pytestmark = [pytest.mark.usefixtures("poisoned_outputs"), OVERFLOW_IS_AN_ANSWER
 
 @pytest.fixture(params=["short", "long"])
 def backend(request, monkeypatch) -> str:
-    """The Triton launcher, with rows short (whole in a tile) or long (every D > 64 in blocks
-    of 32, a group of 64 or 128 spanning blocks)."""
+    """The Triton launcher, with rows short (whole in a tile) or long (every D > 64: the long
+    forward in blocks of 32, then the quantization kernel in blocks of 32 per token, of whole
+    groups per group)."""
     if request.param == "long":
         monkeypatch.setattr(launch, "MAX_SHORT_D_FWD", 64)
         monkeypatch.setattr(launch, "LONG_BLOCK", 32)
         assert launch.plan("fwd", 128).long
     return "triton"
+
+
+def test_the_launcher_checks_a_direct_call():
+    """Protects the launcher from an out-of-bounds write: a group size it does not take (0,
+    32, or one not dividing D) and a static scale with a group size are refused before any
+    kernel runs."""
+    import torch
+
+    x = torch.ones(2, 192)
+    for group_size, scale in ((0, None), (32, None), (128, None), (64, torch.ones(1))):
+        with pytest.raises(ValueError, match="group_size|static scale"):
+            launch.forward_quant(x, None, None, None, 1e-6, centred=False, float8=False,
+                                 scale=scale, group_size=group_size, qmax=127.0,
+                                 min_scale=2.0**-23)
 
 
 class TestTritonQuantSpec(QuantSpec):

@@ -36,6 +36,7 @@ REFERENCE_REFUSALS = [
     ({"scale": np.array(1.0, np.float32), "group_size": 64}, ValueError,
      "scale must be None with group_size"),
     ({"residual_dtype": "float32"}, ValueError, "residual_dtype must be None without"),
+    ({"scale_ub": np.array([[1.0]])}, ValueError, "scale_ub must be a number or an array"),
 ]
 
 
@@ -57,7 +58,8 @@ TORCH_REFUSALS = [
     ({"dtype": torch.float16}, ValueError, "dtype must be torch.int8 or torch.float8_e4m3fn"),
     ({"dtype": "int8"}, TypeError, "dtype must be torch.int8 or torch.float8_e4m3fn"),
     ({"group_size": 96}, ValueError, "group_size must be None or one of"),
-    ({"scale": torch.tensor(0.1, dtype=torch.float64)}, ValueError, "scale must be a float32"),
+    ({"scale": torch.tensor(0.1, dtype=torch.float64)}, TypeError, "scale must be a float32"),
+    ({"scale": torch.tensor([[0.1]])}, ValueError, "scale must be a float32 tensor of shape"),
     ({"scale": torch.tensor(float("inf"))}, ValueError, "scale must be finite and > 0"),
     ({"scale": 0.1}, TypeError, "scale must be a float32 tensor"),
     ({"scale": torch.tensor(0.1), "scale_ub": 1.0}, ValueError, "scale must be None with"),
@@ -117,11 +119,46 @@ def test_thread_count_does_not_change_the_result(cpu_threads):
 
 
 def test_empty_inputs():
-    """Protects the edges torch's norms allow: no rows, and a normalized size of 0."""
+    """Protects the edges torch's norms allow: no rows, and a normalized size of 0, whose
+    per-token scales are min_scale (the amax of no values is 0) and per-group scales none."""
     q, s = lt.rms_norm_quant(torch.empty(0, 64), 64)
     assert q.shape == (0, 64) and s.shape == (0, 1)
     q, s = lt.rms_norm_quant(torch.empty(3, 0), 0, dtype=torch.float8_e4m3fn)
-    assert q.shape == (3, 0) and q.dtype == torch.float8_e4m3fn and s.shape == (3, 1)
+    assert q.shape == (3, 0) and q.dtype == torch.float8_e4m3fn
+    assert torch.equal(s, torch.full((3, 1), 1 / (448 * 512)))
+    q, s = lt.layer_norm_quant(torch.empty(3, 0), 0, group_size=64)
+    assert q.shape == (3, 0) and s.shape == (3, 0)
+
+
+def test_torch_inputs_are_not_modified():
+    """Protects the caller's tensors: input, residual, weight, bias, a static scale and a
+    scale_ub tensor are read only (compared bit for bit after the calls)."""
+    x, r = _x((4, 256), torch.float32), _x((4, 256), torch.float32, seed=1)
+    w, b = torch.rand(256) + 0.5, torch.rand(256)
+    scale, ub = torch.tensor([0.05]), torch.tensor(3.0)
+    before = [t.clone() for t in (x, r, w, b, scale, ub)]
+    lt.layer_norm_quant(x, 256, w, b, residual=r, scale=scale, dtype=torch.float8_e4m3fn)
+    lt.rms_norm_quant(x, 256, w, residual=r, scale_ub=ub, group_size=128)
+    for a, b_ in zip((x, r, w, b, scale, ub), before, strict=True):
+        assert torch.equal(a, b_)
+
+
+def test_the_ops_check_a_direct_call():
+    """Protects the ops called directly (not through the functions' checks): a group size the
+    kernels do not take, a static scale of 0 and a static scale with a group size are refused,
+    never quantized with (the C++ engine or, in the fallback pass, the NumPy fallback)."""
+    from layernorm.torch._ops import norm_quant
+
+    x, w = _x((2, 192), torch.float32), torch.ones(192)
+    bad = [dict(scale=None, group_size=32, scale_ub=None),
+           dict(scale=None, group_size=128, scale_ub=None),  # 128 does not divide 192
+           dict(scale=torch.tensor([0.0]), group_size=None, scale_ub=None),
+           dict(scale=torch.tensor([1.0]), group_size=64, scale_ub=None),
+           dict(scale=None, group_size=None, scale_ub=torch.tensor([-1.0]))]
+    for kw in bad:
+        with pytest.raises((ValueError, RuntimeError), match="group_size|scale"):
+            norm_quant(x, w, None, 1e-6, False, False, False, kw["scale"], kw["group_size"],
+                       kw["scale_ub"])
 
 
 def test_meta_tensors_give_the_shapes():

@@ -43,6 +43,7 @@ def _float8_of(v):
     """The float8_e4m3fn code (0 to 255, as int32) of v rounded to nearest even, saturated to
     +-448; NaN to 0x7F."""
     nan = v != v
+    v = tl.where(nan, 0.0, v)  # the code is set below; no NaN reaches an integer conversion
     v = tl.minimum(tl.maximum(v, -448.0), 448.0)
     if v.dtype == tl.float64:
         u = v.to(tl.int64, bitcast=True)

@@ -120,7 +120,10 @@ def check_scale_ub(scale_ub: object) -> float | None:
     """``scale_ub``: None, or a finite real number > 0 (its float32 value is the bound)."""
     if scale_ub is None:
         return None
-    if isinstance(scale_ub, np.ndarray) and scale_ub.size == 1:
+    if isinstance(scale_ub, np.ndarray):
+        if scale_ub.shape not in ((), (1,)):
+            raise ValueError(f"scale_ub must be a number or an array of shape () or (1,), got "
+                             f"shape {scale_ub.shape}")
         scale_ub = scale_ub.reshape(())[()]
     if isinstance(scale_ub, bool) or not isinstance(scale_ub, (float, int, np.floating,
                                                                np.integer)):

@@ -119,16 +119,21 @@ def _fwd_y(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype
 
 def _add_norm_quant(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
                     float8, scale, group_size, scale_ub):
-    from ..reference.quant import QUANT_DTYPES, quantize_rows
+    from ..reference.quant import GROUP_SIZES, QUANT_DTYPES, quantize_rows
 
     dtype = torch.float8_e4m3fn if float8 else torch.int8
     d = x.shape[-1] if x.dim() else 0
-    if d and d % (group_size or d):
-        raise ValueError(f"layernorm: group_size must divide D = {d}, got {group_size}")
+    if group_size is not None and (group_size not in GROUP_SIZES or d % group_size):
+        raise ValueError(f"layernorm: group_size must be None or one of {GROUP_SIZES} dividing "
+                         f"D = {d}, got {group_size}")
+    if scale is not None and (group_size is not None or scale_ub is not None):
+        raise ValueError("layernorm: a static scale takes no group_size or scale_ub")
     for t, name in ((scale, "scale"), (scale_ub, "scale_ub")):
         if t is not None and (t.numel() != 1 or t.dtype != torch.float32):
             raise ValueError(f"layernorm: {name} must be a one-element float32 tensor, got "
                              f"{tuple(t.shape)} {t.dtype}")
+        if t is not None and not (bool(torch.isfinite(t).all()) and bool((t > 0).all())):
+            raise ValueError(f"layernorm: {name} must be finite and > 0, got {float(t)}")
     cdt = compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
     y, h, _, _ = _forward(x.to(cdt) if residual is None else x, residual, weight, bias, eps,
                           centred, zero_centered_gamma, h_dtype)

@@ -103,8 +103,8 @@ never stored (:mod:`layernorm.reference.quant` states it, with the dtype's qmax 
 from its table): q in x's shape; scales float32, (..., D / group_size) of the data (group_size
 None: per token, (..., 1)), or a copy of the static ``scale`` (a one-element float32 tensor).
 ``scale_ub`` is None or a one-element float32 tensor. Inference only: no autograd. (A flag, not
-a dtype argument: torch converts a dtype argument in about a microsecond, a tenth of a decode
-step's call.)"""
+a dtype argument: torch converted a dtype argument in about a microsecond on the development
+machine, a tenth of a decode step's call.)"""
 add_norm_quant = torch.ops.layernorm.add_norm_quant.default
 """q, scales and h of the norm of h = x + residual (h in ``h_dtype``, as :data:`norm`'s) with its
 y quantized, as :data:`norm_quant`. (Its own op, not an optional residual: a decode step's call

@@ -49,9 +49,12 @@ def _check_scale_tensor(t: object, name: str, x: Tensor) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a float32 tensor of shape () or (1,), got "
                         f"{type(t).__name__}")
-    if t.dtype != torch.float32 or tuple(t.shape) not in ((), (1,)):
-        raise ValueError(f"{name} must be a float32 tensor of shape () or (1,), got {t.dtype} "
-                         f"of shape {tuple(t.shape)}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor of shape () or (1,), got dtype "
+                        f"{t.dtype}")
+    if tuple(t.shape) not in ((), (1,)):
+        raise ValueError(f"{name} must be a float32 tensor of shape () or (1,), got shape "
+                         f"{tuple(t.shape)}")
     if t.device != x.device:
         raise ValueError(f"{name} must be on the input's device {x.device}, got {t.device}")
     if t.requires_grad and torch.is_grad_enabled():
@@ -81,8 +84,9 @@ def _scale_ub(scale_ub: object, x: Tensor) -> Tensor | None:
 def _check_group_size(group_size: object, d: int) -> int | None:
     if group_size is None:
         return None
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
         raise TypeError(f"group_size must be None or an int, got {type(group_size).__name__}")
+    group_size = int(group_size)
     if group_size not in GROUP_SIZES or d % group_size:
         raise ValueError(f"group_size must be None or one of {GROUP_SIZES} dividing D = {d}, "
                          f"got {group_size}")

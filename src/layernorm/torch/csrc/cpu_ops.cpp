@@ -137,8 +137,10 @@ std::tuple<Tensor, Tensor, Tensor> quantized(
     const OptTensor& scale_ub) {
   const int64_t d = row_length(x), m = x.numel() / d;
   const QuantLimits limits = quant_limits(float8);
+  // group_size: 64 or 128 (layernorm.reference.quant.GROUP_SIZES), dividing D
   const int64_t g = group_size.value_or(d);
-  TORCH_CHECK_VALUE(g >= 1 && d % g == 0, "layernorm: group_size must divide D = ", d, ", got ",
+  TORCH_CHECK_VALUE(!group_size.has_value() || ((g == 64 || g == 128) && d % g == 0),
+                    "layernorm: group_size must be None or 64 or 128 dividing D = ", d, ", got ",
                     g);
   auto value = [](const OptTensor& t, const char* name) {
     check_cpu(*t, name);
@@ -156,11 +158,17 @@ std::tuple<Tensor, Tensor, Tensor> quantized(
                     x.options().dtype(float8 ? ScalarType::Float8_e4m3fn : ScalarType::Char));
   Tensor scales = dynamic ? output(scale_sizes, x.options().dtype(at::kFloat))
                           : scale->clone(at::MemoryFormat::Contiguous);
+  const float static_scale = dynamic ? 0.0f : value(scale, "scale");
+  TORCH_CHECK_VALUE(dynamic || (std::isfinite(static_scale) && static_scale > 0.0f),
+                    "layernorm: scale must be finite and > 0, got ", static_scale);
+  const float ub = scale_ub.has_value() ? value(scale_ub, "scale_ub")
+                                        : std::numeric_limits<float>::infinity();
+  TORCH_CHECK_VALUE(!scale_ub.has_value() || (std::isfinite(ub) && ub > 0.0f),
+                    "layernorm: scale_ub must be finite and > 0, got ", ub);
   engine::Quantize quant{q.mutable_data_ptr(),
                          dynamic ? scales.mutable_data_ptr<float>() : nullptr,
-                         dynamic ? 0.0f : value(scale, "scale"),
-                         scale_ub.has_value() ? value(scale_ub, "scale_ub")
-                                              : std::numeric_limits<float>::infinity(),
+                         static_scale,
+                         ub,
                          limits.qmax,
                          limits.min_scale,
                          g,
@@ -172,7 +180,8 @@ std::tuple<Tensor, Tensor, Tensor> quantized(
 
 // The two ops: the plain norm's (two outputs) and the add-norm's (h too). Two schemas, not one
 // with an optional residual: a decode step's call pays torch's dispatch per argument and per
-// output (a third output and two more arguments cost about 0.6 us of a 10 us call).
+// output (a third output and two more arguments took about 0.6 us of a 10 us call on the
+// development machine).
 std::tuple<Tensor, Tensor> norm_quant_cpu(const Tensor& x, const OptTensor& weight,
                                           const OptTensor& bias, double eps, bool centred,
                                           bool zero_centered_gamma, bool float8,

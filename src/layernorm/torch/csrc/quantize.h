@@ -7,7 +7,7 @@
 //   int8   NaN -> 0; clamp to [-qmax, qmax]; round half to even by adding and subtracting
 //          1.5 2^p (p the significand's stored bits: every |v| <= 127 then has its units in
 //          the last place, and the sum rounds as the CPU does, to nearest even)
-//   float8 clamp to [-448, 448]; |v| >= 2^-6: v's bits rounded to nearest even at 3 stored
+//   float8 (NaN set aside first) clamp to [-448, 448]; |v| >= 2^-6: v's bits rounded to nearest even at 3 stored
 //          significand bits (a carry moves the exponent, as it should), rebiased; |v| < 2^-6:
 //          |v| 2^9 rounded to an integer, which is the subnormal's code (8 is 2^-6's); NaN ->
 //          0x7F; the sign bit last.
@@ -45,6 +45,7 @@ inline uint8_t float8_of(V v) {
   using U = typename B::U;
   constexpr int drop = B::kStored - 3;
   const bool nan = v != v;
+  v = nan ? V(0) : v;  // the code is set below; no NaN reaches the integer conversion
   v = std::min(std::max(v, V(-448)), V(448));
   const U u = bit_cast<U>(v);
   const U sign = (u >> (8 * sizeof(V) - 1)) << 7;
@@ -105,6 +106,7 @@ inline void encode_float8(const V* y, V s, int64_t n, uint8_t* q) {
     std::memcpy(&v, y + j, sizeof v);
     v = v / s;
     const auto nan = v != v;
+    v = nan ? Vec{} : v;  // the code is set below; no NaN reaches the integer conversion
     v = v < V(-448) ? V(-448) : v;
     v = v > V(448) ? V(448) : v;
     UVec u;
