@@ -19,12 +19,14 @@ runs it in a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -92,6 +94,30 @@ def _tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
+@contextlib.contextmanager
+def capturing() -> Iterator[list[tuple]]:
+    """A list that receives (kernel, args, kwargs) of every launch of the KERNELS made inside
+    the block, instead of running them (``kernel[grid](...)`` calls ``kernel.run``)."""
+    launches: list[tuple] = []
+
+    def capture(kernel):
+        def run(*args, grid, warmup, **kwargs):
+            launches.append((kernel, args, kwargs))
+        return run
+
+    saved = {k: k.__dict__.get("run") for k in KERNELS}
+    for k in KERNELS:
+        k.run = capture(k)
+    try:
+        yield launches
+    finally:
+        for k, run in saved.items():
+            if run is None:
+                del k.run
+            else:
+                k.run = run
+
+
 def captured_launches(norm: str, dtype: str, D: int, from_y: bool = False) -> list[tuple]:
     """(kernel, args, kwargs) of each launch the launchers make for ``norm`` on (M, D) ``dtype``
     meta tensors: forward, then backward with the forward's outputs; with ``from_y``, only the
@@ -102,17 +128,7 @@ def captured_launches(norm: str, dtype: str, D: int, from_y: bool = False) -> li
     residual = _tensor((M, D), dt) if n.residual else None
     weight = _tensor((D,), dt)
     bias = _tensor((D,), dt) if n.centred else None
-    launches = []
-
-    def capture(kernel):
-        def run(*args, grid, warmup, **kwargs):
-            launches.append((kernel, args, kwargs))
-        return run
-
-    saved = {k: k.__dict__.get("run") for k in KERNELS}
-    for k in KERNELS:
-        k.run = capture(k)  # kernel[grid](...) calls self.run
-    try:
+    with capturing() as launches:
         y, h, mean, rstd = launch.forward(x, residual, weight, bias, 1e-5, centred=n.centred)
         xn = h if n.residual else x
         dh = _tensor((M, D), dt) if n.residual else None
@@ -129,12 +145,6 @@ def captured_launches(norm: str, dtype: str, D: int, from_y: bool = False) -> li
             launch.backward(_tensor((M, D), dt), dh, xn, weight, bias, mean, rstd,
                             centred=n.centred, x_dtype=dt if n.residual else None,
                             residual_dtype=residual_dtype)
-    finally:
-        for k, run in saved.items():
-            if run is None:
-                del k.run
-            else:
-                k.run = run
     return launches
 
 
@@ -144,17 +154,7 @@ def captured_quant(norm: str, dtype: str, D: int, float8: bool,
     ``dtype`` meta tensors, with dynamic scales bounded by a scale_ub."""
     n = NORMS[norm]
     dt = DTYPES[dtype]
-    launches = []
-
-    def capture(kernel):
-        def run(*args, grid, warmup, **kwargs):
-            launches.append((kernel, args, kwargs))
-        return run
-
-    saved = {k: k.__dict__.get("run") for k in KERNELS}
-    for k in KERNELS:
-        k.run = capture(k)
-    try:
+    with capturing() as launches:
         limits = QUANT_DTYPES["float8_e4m3fn" if float8 else "int8"]
         launch.forward_quant(
             _tensor((M, D), dt), _tensor((M, D), dt) if n.residual else None,
@@ -162,12 +162,6 @@ def captured_quant(norm: str, dtype: str, D: int, float8: bool,
             centred=n.centred, float8=float8, group_size=group_size,
             scale_ub=_tensor((1,), torch.float32), qmax=limits.qmax,
             min_scale=limits.min_scale)
-    finally:
-        for k, run in saved.items():
-            if run is None:
-                del k.run
-            else:
-                k.run = run
     return [launch_ for launch_ in launches if launch_[0] in (K._quant_short_kernel,
                                                               K._quant_rows_kernel)]
 

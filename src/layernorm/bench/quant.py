@@ -169,15 +169,8 @@ def measure(shape: tuple[int, ...], dtype: str, qdtype: str, threads: int,
 
 
 def _at_most(ratio: list[float], goal: float) -> str:
-    """The goal "at most ``goal``" on (p50, p20, p80), by the rule of the memory-efficient
-    backward's goal (:func:`results.me_verdict`): met where p80 is within it, missed where p20
-    is beyond it, else within the noise."""
-    _p50, lo, hi = ratio
-    if hi <= goal:
-        return "met"
-    if lo > goal:
-        return "missed"
-    return f"within the noise ({lo:.2f}-{hi:.2f})"
+    """The goal "at most ``goal``" on (p50, p20, p80) (:func:`results.at_most_verdict`)."""
+    return results.at_most_verdict(ratio[1], ratio[2], goal)
 
 
 def run(rounds: int = 9, shapes: tuple[tuple[int, ...], ...] = SHAPES,

@@ -397,9 +397,16 @@ def me_verdict(rows: list[dict], row: dict) -> str | None:
     if (why := noisy(*(r for r in (row, base) if r))):
         return why
     _, lo, hi = ratio
-    if hi <= ME_GOAL:
+    return at_most_verdict(lo, hi, ME_GOAL)
+
+
+def at_most_verdict(lo: float, hi: float, goal: float) -> str:
+    """A goal "at most ``goal``" judged on a ratio's p20-p80 spread ``lo``-``hi``: "met" when
+    p80 is within it, "missed" when p20 is beyond it, else "within the noise" with the
+    spread."""
+    if hi <= goal:
         return "met"
-    if lo > ME_GOAL:
+    if lo > goal:
         return "missed"
     return f"within the noise ({lo:.2f}-{hi:.2f})"
 
