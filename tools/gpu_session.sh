@@ -10,6 +10,8 @@
 #                                           that .gpu-run/gpu-results.json already has
 #     tools/gpu_session.sh variants ARG..   tools/gpu_variants.py ARG.. (this package's kernels
 #                                           under settings of their tuning constants)
+#     tools/gpu_session.sh quant            tools/gpu_quant.py: the quantized norm against
+#                                           norm-then-quantize (eager, compiled) and a copy
 #     tools/gpu_session.sh all              tests, then bench
 #
 # Each step stops in time for the call to end within CALL_LIMIT seconds (default 570, for a
@@ -137,6 +139,15 @@ run_variants() {
     check "${PIPESTATUS[0]}" "tools/gpu_variants.py"
 }
 
+run_quant() {
+    local budget
+    budget=$(($(left) - 20))
+    echo "== tools/gpu_quant.py, at most ${budget}s"
+    timeout "$budget" "$PY" tools/gpu_quant.py --out "$OUT/gpu-quant.json" 2>&1 \
+        | tee "$OUT/quant.log" | tail -20
+    check "${PIPESTATUS[0]}" "tools/gpu_quant.py"
+}
+
 show() {
     [ -f "$RESULTS" ] || return 0
     cp "$RESULTS" "$OUT/"
@@ -153,8 +164,8 @@ EOF
 step=${1:-all}
 shift || true
 case "$step" in
-    tests | bench | variants | all) ;;
-    *) echo "usage: tools/gpu_session.sh tests|bench [DTYPE]...|variants ARG...|all" >&2
+    tests | bench | variants | quant | all) ;;
+    *) echo "usage: tools/gpu_session.sh tests|bench [DTYPE]...|variants ARG...|quant|all" >&2
        exit 2 ;;
 esac
 install_wheels
@@ -163,6 +174,7 @@ case "$step" in
     tests) run_tests ;;
     bench) run_bench "$@" ;;
     variants) run_variants "$@" ;;
+    quant) run_quant ;;
     all) run_tests; run_bench "$@" ;;
 esac
 show

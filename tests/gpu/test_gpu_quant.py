@@ -51,3 +51,27 @@ class TestTritonQuantSpec(QuantSpec):
 
     ORACLE_SHAPE = (6, 256)
     BATCH_SHAPE = (9, 256)
+
+
+def test_the_gpu_tool_without_cuda_says_so():
+    """Protects tools/gpu_quant.py (the quantized norm's GPU timing, run by
+    tools/gpu_session.sh quant) on a machine without CUDA: one line and exit status 2, no
+    traceback; it imports the benchmark's pieces it times with."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the tool would measure")
+    tool = Path(__file__).resolve().parents[2] / "tools" / "gpu_quant.py"
+    res = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert res.returncode == 2 and res.stderr.strip() == "tools/gpu_quant.py: no CUDA device here"
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_quant", tool)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.SHAPES and module.CASES
