@@ -10,7 +10,7 @@ import numpy as np
 
 from .._table import render
 from . import results
-from .harness import batch
+from .harness import batch, quiet_torchao
 from .peers import PAUSE_S, ROUNDS
 
 __all__ = ["LLAMA", "end_to_end_verdict", "format_end_to_end", "llama_end_to_end"]
@@ -33,6 +33,7 @@ def llama_end_to_end(rounds: int = ROUNDS, threads: int | None = None) -> dict:
     import copy
 
     import torch
+    quiet_torchao()  # transformers imports it where installed
     import transformers
 
     import layernorm.torch as lt

@@ -43,6 +43,7 @@ single-threaded 10-18 GB/s). Each case records ``other_cores``, the CPU time oth
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -63,8 +64,8 @@ from . import providers, results
 from .machine import run_meta
 
 __all__ = ["PAUSE_S", "SHARED_GRADIENT", "STANDARD_SHAPES", "Case", "batch", "bench_case",
-           "check", "first_call_latency", "interleaved", "llc_bytes", "pass_bytes", "regime",
-           "reps_for", "run_bench", "set_threads", "threads"]
+           "check", "first_call_latency", "interleaved", "llc_bytes", "pass_bytes",
+           "quiet_torchao", "regime", "reps_for", "run_bench", "set_threads", "threads"]
 
 # Implementations whose add-norm backward returns one tensor as the gradient of both x and the
 # residual (autograd's own x + residual does, compiled or not; layernorm.torch does where the
@@ -240,6 +241,23 @@ def interleaved(calls: dict[K, Callable[[], object]], reps: dict[K, int], rounds
                 time.sleep(pause)
             times[k].append(batch(calls[k], reps[k]))
     return times
+
+
+def quiet_torchao() -> None:
+    """Import torchao quietly, where installed (transformers imports it; the W8A8 benchmark
+    measures it): it logs a warning for each of its CUDA libraries it cannot load, which on a
+    machine without a GPU is every one, and torch warns of its enums' registration. Their
+    errors still show."""
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    pytree = logging.getLogger("torch.utils._pytree")
+    level = pytree.level
+    pytree.setLevel(logging.ERROR)
+    try:
+        import torchao  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        pytree.setLevel(level)
 
 
 def threads() -> int:

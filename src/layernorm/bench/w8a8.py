@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 
 import numpy as np
 
 from .._table import render
-from .harness import batch
+from .harness import batch, quiet_torchao
 
 __all__ = ["CONFIG", "GOAL", "MODES", "format_w8a8", "quantize_tokens", "w8a8_end_to_end"]
 
@@ -219,6 +220,7 @@ def w8a8_end_to_end(rounds: int = 5, threads: int | None = None,
     out: dict = {"config": CONFIG, "prefill_tokens": PREFILL,
                  "threads": torch.get_num_threads(), "absent": {}}
     try:
+        quiet_torchao()
         import torchao
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
@@ -235,7 +237,9 @@ def w8a8_end_to_end(rounds: int = 5, threads: int | None = None,
     except Exception as exc:  # noqa: BLE001 - any failure: say why, time the rest
         why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
         out["absent"] = {m: why for m in MODES[3:]}
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # torch asks torchao's Int8Tensor for a hash for its compile cache, at every compile
+        warnings.filterwarnings("ignore", message=".*_stable_hash_for_caching")
         progress("w8a8: accuracy")
         ref = model.forward(prompt, 0, "float")
         scale = float(ref.abs().max())
