@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DTYPES", "DType", "NAMES", "available", "compute_dtype", "info", "is_half", "resolve",
-           "widest_compute_dtype"]
+__all__ = ["DTYPES", "DType", "NAMES", "available", "compute_dtype", "float8_spacing", "info",
+           "is_half", "resolve", "widest_compute_dtype"]
 
 
 @dataclass(frozen=True)
@@ -102,3 +102,12 @@ def available() -> list[str]:
     except ImportError:
         return [n for n in NAMES if n != "bfloat16"]
     return list(NAMES)
+
+
+def float8_spacing(v: np.ndarray) -> np.ndarray:
+    """The spacing of float8_e4m3fn's values at each of ``v`` (float32 or float64, |v| <= 448),
+    in v's dtype: 2**(e - 3) in the binade [2**e, 2**(e + 1)) (3 stored significand bits), and
+    the subnormals' 2**-9 below 2**-6. A power of two, so scaling by it is exact."""
+    with np.errstate(invalid="ignore"):
+        _, e = np.frexp(v)  # |v| = m 2**e, 1/2 <= m < 1: the binade is 2**(e - 1)
+    return np.ldexp(np.ones_like(v), np.maximum(e - 1, -6) - 3)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dtypes import DTYPES
+from .dtypes import DTYPES, float8_spacing
 
 __all__ = ["QUANT_EQUAL", "TOLERANCES", "Comparison", "Tolerance", "assert_close",
            "assert_quantized", "compare", "tolerance"]
@@ -167,11 +167,7 @@ def assert_close(got: np.ndarray | None, want: np.ndarray | None, dtype: np.dtyp
 
 def _quant_step(want: np.ndarray, dtype: str) -> np.ndarray:
     """The spacing of ``dtype``'s values (int8, or float8_e4m3fn) at each of ``want``."""
-    if dtype == "int8":
-        return np.ones_like(want)
-    with np.errstate(invalid="ignore"):
-        _, e = np.frexp(want)
-    return np.ldexp(np.ones_like(want), np.maximum(e - 1, -6) - 3)
+    return np.ones_like(want) if dtype == "int8" else float8_spacing(want)
 
 
 def assert_quantized(got: np.ndarray, want: np.ndarray, dtype: str, *,

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .._validate import check_eps
-from ..reference.quant import GROUP_SIZES
+from ..reference.quant import check_group_size, check_static_alone
 from .kernels import (
     INTERPRET,
     _bwd_long_dx_kernel,
@@ -252,8 +252,8 @@ def forward_quant(
         float8: q in float8_e4m3fn, else int8.
         scale: a static scale, a one-element float32 tensor on x's device, or None (dynamic);
             its value is not read here (no synchronization): the caller checks it.
-        group_size: channels per dynamic scale (one of GROUP_SIZES, dividing D), or None: one
-            per row.
+        group_size: channels per dynamic scale (one of reference.quant.GROUP_SIZES, dividing
+            D), or None: one per row.
         scale_ub: a one-element float32 tensor bounding a group's max|y|, or None.
         qmax, min_scale: the dtype's (layernorm.reference.quant.QUANT_DTYPES).
 
@@ -266,11 +266,9 @@ def forward_quant(
     M, D = x.shape
     if D < 1:
         raise ValueError(f"rows must have D >= 1 elements, got D = {D}")
-    if group_size is not None and (group_size not in GROUP_SIZES or D % group_size):
-        raise ValueError(f"group_size must be None or one of {GROUP_SIZES} dividing D = {D}, "
-                         f"got {group_size}")
-    if scale is not None and (group_size is not None or scale_ub is not None):
-        raise ValueError("a static scale takes no group_size or scale_ub")
+    check_group_size(group_size, D)
+    if scale is not None:
+        check_static_alone(group_size, scale_ub)
     g = group_size or D
     for t, name in ((scale, "scale"), (scale_ub, "scale_ub")):
         if t is not None and (t.numel() != 1 or t.dtype != torch.float32

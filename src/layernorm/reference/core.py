@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validate import check_dy, check_eps, check_flag, check_param, check_shape
-from ..dtypes import compute_dtype
+from .._validate import check_dtype, check_dy, check_eps, check_flag, check_param, check_shape
+from ..dtypes import compute_dtype, widest_compute_dtype
 from ..recovery import kept_channels, kept_rows
 
 
@@ -179,6 +179,18 @@ def form_scale(gamma: np.ndarray, cdt: np.dtype, zero_centered_gamma: bool) -> n
     if zero_centered_gamma:
         return gamma.astype(cdt) + cdt.type(1)
     return np.array(gamma, dtype=cdt)
+
+
+def _add_residual(x: np.ndarray, residual: object,
+                  residual_dtype: object) -> tuple[np.ndarray, np.ndarray]:
+    """(residual, h): the residual checked against x's shape, and h = x + residual formed in the
+    widest compute dtype of x, residual and h, rounded once to h's dtype (``residual_dtype``,
+    x's by default)."""
+    residual = check_shape(residual, "residual", x.shape, "x")
+    h_dtype = check_dtype(residual_dtype, "residual_dtype", x.dtype)
+    adt = widest_compute_dtype(x.dtype, residual.dtype, h_dtype)
+    # one rounding to h's dtype (none when it is the add's compute dtype)
+    return residual, np.add(x, residual, dtype=adt).astype(h_dtype, copy=False)  # (..., D)
 
 
 def _forward(x: np.ndarray, gamma: object, beta: object, eps: object, centred: bool,

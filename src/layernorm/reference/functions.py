@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import check_dtype, check_shape, check_x
+from .._validate import check_shape, check_x
 from ..dtypes import widest_compute_dtype
 from .core import (
     _NORM_CACHES,
     AddNormCache,
     NormCache,
     OutputCache,
+    _add_residual,
     _backward,
     _check_cache,
     _check_jvp_cache,
@@ -142,11 +143,7 @@ def _add_forward(x: object, residual: object, gamma: object, beta: object, eps: 
                  memory_efficient: object) -> tuple[np.ndarray, np.ndarray, AddNormCache]:
     """y, h and the cache of an add-norm (the package's docstring, item 7)."""
     x = check_x(x)
-    residual = check_shape(residual, "residual", x.shape, "x")
-    h_dtype = check_dtype(residual_dtype, "residual_dtype", x.dtype)
-    adt = widest_compute_dtype(x.dtype, residual.dtype, h_dtype)
-    # one rounding to h's dtype (none when it is the add's compute dtype)
-    h = np.add(x, residual, dtype=adt).astype(h_dtype, copy=False)  # (..., D)
+    residual, h = _add_residual(x, residual, residual_dtype)  # h (..., D)
     y, norm = _forward(h, gamma, beta, eps, centred, zero_centered_gamma, memory_efficient,
                        x.dtype)
     return y, h, AddNormCache(norm=norm, dx_dtype=x.dtype, dresidual_dtype=residual.dtype)

@@ -18,13 +18,14 @@ changes. A static ``scale`` replaces s for every row: q = quantize(y / scale).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._validate import check_dtype, check_shape, check_x
-from ..dtypes import compute_dtype, widest_compute_dtype
-from .core import _forward
+from .._validate import check_x
+from ..dtypes import compute_dtype, float8_spacing
+from .core import _add_residual, _forward
 
 
 @dataclass(frozen=True)
@@ -53,19 +54,11 @@ PyTorch API read qmax and min_scale from."""
 GROUP_SIZES = (64, 128)
 """The channels of one scale with per-group scales (each must divide D)."""
 
-# float8_e4m3fn: 3 stored significand bits, the smallest normal 2**-6 (below it, multiples of
-# the subnormal spacing 2**-9)
-_F8_BITS = 3
-_F8_EMIN = -6
-
-
 def _float8_values(v: np.ndarray) -> np.ndarray:
     """v (any shape, float32 or float64) rounded once, to nearest even, to float8_e4m3fn's
     values, saturated to +-448, NaN kept: still in v's dtype (every result is exact in it)."""
     v = np.clip(v, -448.0, 448.0)  # NaN passes through
-    with np.errstate(invalid="ignore"):
-        _, e = np.frexp(v)  # |v| = m 2**e, 1/2 <= m < 1: the binade is 2**(e - 1)
-    quantum = np.ldexp(np.ones_like(v), np.maximum(e - 1, _F8_EMIN) - _F8_BITS)
+    quantum = float8_spacing(v)
     return np.rint(v / quantum) * quantum  # exact scalings by powers of two
 
 
@@ -105,10 +98,11 @@ def check_quant_dtype(dtype: object) -> QuantDtype:
 
 
 def check_group_size(group_size: object, d: int) -> int | None:
-    """``group_size``: None (per token), or one of :data:`GROUP_SIZES` dividing ``d``."""
+    """``group_size``: None (per token), or one of :data:`GROUP_SIZES` dividing ``d``; every
+    path's rule (the PyTorch API, the ops' NumPy fallback and Triton launcher)."""
     if group_size is None:
         return None
-    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
         raise TypeError(f"group_size must be None or an int, got {type(group_size).__name__}")
     if int(group_size) not in GROUP_SIZES or d % int(group_size):
         raise ValueError(f"group_size must be None or one of {GROUP_SIZES} dividing D = {d}, "
@@ -135,12 +129,17 @@ def check_scale_ub(scale_ub: object) -> float | None:
     return value
 
 
-def check_static_scale(scale: object, group_size: object, scale_ub: object) -> np.ndarray:
-    """A static ``scale``: a float32 array of shape () or (1,), finite and > 0, given without
-    group_size and scale_ub."""
+def check_static_alone(group_size: object, scale_ub: object) -> None:
+    """A static scale comes without group_size and scale_ub (every path's rule)."""
     if group_size is not None or scale_ub is not None:
         raise ValueError("scale must be None with group_size or scale_ub: a static scale "
                          "is the one scale of every row")
+
+
+def check_static_scale(scale: object, group_size: object, scale_ub: object) -> np.ndarray:
+    """A static ``scale``: a float32 array of shape () or (1,), finite and > 0, given without
+    group_size and scale_ub."""
+    check_static_alone(group_size, scale_ub)
     if not isinstance(scale, (np.ndarray, np.float32)) or np.asarray(scale).dtype != np.float32:
         raise TypeError(f"scale must be a float32 array of shape () or (1,), got "
                         f"{type(scale).__name__} {getattr(scale, 'dtype', '')}".rstrip())
@@ -166,10 +165,7 @@ def _norm_quant(x: object, residual: object, residual_dtype: object, gamma: obje
     h = None
     src = x
     if residual is not None:
-        residual = check_shape(residual, "residual", x.shape, "x")
-        h_dtype = check_dtype(residual_dtype, "residual_dtype", x.dtype)
-        adt = widest_compute_dtype(x.dtype, residual.dtype, h_dtype)
-        h = np.add(x, residual, dtype=adt).astype(h_dtype, copy=False)  # rounded once
+        _, h = _add_residual(x, residual, residual_dtype)
         src = h
     elif residual_dtype is not None:
         raise ValueError("residual_dtype must be None without a residual")

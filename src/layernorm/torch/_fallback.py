@@ -119,15 +119,17 @@ def _fwd_y(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype
 
 def _add_norm_quant(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
                     float8, scale, group_size, scale_ub):
-    from ..reference.quant import GROUP_SIZES, QUANT_DTYPES, quantize_rows
+    from ..reference.quant import (
+        QUANT_DTYPES,
+        check_group_size,
+        check_static_alone,
+        quantize_rows,
+    )
 
     dtype = torch.float8_e4m3fn if float8 else torch.int8
-    d = x.shape[-1] if x.dim() else 0
-    if group_size is not None and (group_size not in GROUP_SIZES or d % group_size):
-        raise ValueError(f"layernorm: group_size must be None or one of {GROUP_SIZES} dividing "
-                         f"D = {d}, got {group_size}")
-    if scale is not None and (group_size is not None or scale_ub is not None):
-        raise ValueError("layernorm: a static scale takes no group_size or scale_ub")
+    check_group_size(group_size, x.shape[-1] if x.dim() else 0)
+    if scale is not None:
+        check_static_alone(group_size, scale_ub)
     for t, name in ((scale, "scale"), (scale_ub, "scale_ub")):
         if t is not None and (t.numel() != 1 or t.dtype != torch.float32):
             raise ValueError(f"layernorm: {name} must be a one-element float32 tensor, got "

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..reference.quant import GROUP_SIZES, QUANT_DTYPES
+from ..reference.quant import QUANT_DTYPES, check_group_size, check_static_alone
 from ._functional import _checked, _is_compiling, _is_exporting, _tracing_state
 from ._ops import add_norm_quant, norm_quant
 
@@ -81,18 +81,6 @@ def _scale_ub(scale_ub: object, x: Tensor) -> Tensor | None:
     return torch.full((), value, dtype=torch.float32, device=x.device)
 
 
-def _check_group_size(group_size: object, d: int) -> int | None:
-    if group_size is None:
-        return None
-    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
-        raise TypeError(f"group_size must be None or an int, got {type(group_size).__name__}")
-    group_size = int(group_size)
-    if group_size not in GROUP_SIZES or d % group_size:
-        raise ValueError(f"group_size must be None or one of {GROUP_SIZES} dividing D = {d}, "
-                         f"got {group_size}")
-    return group_size
-
-
 def _refuse_grad(x: Tensor, residual: Tensor | None, weight: Tensor | None,
                  bias: Tensor | None) -> None:
     if not torch.is_grad_enabled():
@@ -120,12 +108,10 @@ def _norm_quant(centred: bool, input: object, normalized_shape: object, weight: 
     add = residual is not None
     d = shape[0] if len(shape) == 1 else math.prod(shape)
     if scale is not None:
-        if group_size is not None or scale_ub is not None:
-            raise ValueError("scale must be None with group_size or scale_ub: a static scale "
-                             "is the one scale of every row")
+        check_static_alone(group_size, scale_ub)
         scale = _check_scale_tensor(scale, "scale", x)
     elif group_size is not None or scale_ub is not None:
-        group_size = _check_group_size(group_size, d)
+        group_size = check_group_size(group_size, d)
         scale_ub = _scale_ub(scale_ub, x)
     if len(shape) == 1 and x.dim() == 2 and d:  # (M, D) already: a decode step's call
         if add:
