@@ -74,7 +74,10 @@ def _params(weight: Tensor | None, bias: Tensor | None, centred: bool, zero_cent
     return scale, shift
 
 
-def _forward(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype):
+def _forward(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
+             y_dtype=None):
+    """y (in ``y_dtype``, x's by default: the compute dtype keeps it unrounded), h, the
+    statistics and (scale, shift) of the forward, as the C++ operator's."""
     if x.dim() == 0 or x.shape[-1] == 0:  # as the C++ operator refuses it
         raise ValueError(f"layernorm: x must be (..., D) with D >= 1, got {tuple(x.shape)}")
     d = x.shape[-1]
@@ -86,7 +89,7 @@ def _forward(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dty
     h_dtype = x.dtype if h_dtype is None else h_dtype
     cdt = compute_dtype(h_dtype if add else x.dtype)
     scale, shift = _params(weight, bias, centred, zero_centered_gamma, cdt, d)
-    y = torch.empty(x.shape, dtype=x.dtype)
+    y = torch.empty(x.shape, dtype=y_dtype or x.dtype)
     h = torch.empty(x.shape, dtype=h_dtype) if add else x.new_empty((0,))
     stats = torch.empty((m, NSTATS), dtype=torch.float64)
     if m:
@@ -137,11 +140,8 @@ def _add_norm_quant(x, residual, weight, bias, eps, centred, zero_centered_gamma
         if t is not None and not (bool(torch.isfinite(t).all()) and bool((t > 0).all())):
             raise ValueError(f"layernorm: {name} must be finite and > 0, got {float(t)}")
     cdt = compute_dtype(x.dtype if residual is None else h_dtype or x.dtype)
-    y, h, _, _ = _forward(x.to(cdt) if residual is None else x, residual, weight, bias, eps,
-                          centred, zero_centered_gamma, h_dtype)
-    if residual is not None:  # y was rounded to x's dtype: the norm of h again, in cdt
-        y, _, _, _ = _forward(h.to(cdt), None, weight, bias, eps, centred, zero_centered_gamma,
-                              None)
+    y, h, _, _ = _forward(x, residual, weight, bias, eps, centred, zero_centered_gamma, h_dtype,
+                          y_dtype=cdt)
     qdt = QUANT_DTYPES[str(dtype).removeprefix("torch.")]
     q, s = quantize_rows(_np(_rows(y)), qdt, None if scale is None else _np(scale.float()),
                          group_size, None if scale_ub is None else float(scale_ub))
