@@ -141,6 +141,42 @@ def _check_param(p: torch.Tensor | None, name: str, D: int) -> None:
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {p.dtype}")
 
 
+def _forward_plan(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
+                  bias: torch.Tensor | None, eps: float, centred: bool,
+                  zero_centered_gamma: bool, h_dtype: torch.dtype | None) -> tuple:
+    """The forward's arguments checked (as :func:`forward` documents them), and what its
+    launches need: (M, D, eps, h's dtype, the statistics' dtype, the plan, the kernels' flags)."""
+    if bias is not None and not centred:
+        raise ValueError("bias must be None for RMSNorm (centred=False)")
+    if residual is None and h_dtype is not None:
+        raise ValueError("h_dtype is only for add-norms (a residual)")
+    if x.dim() != 2:
+        raise ValueError(f"x must be (M, D), got shape {tuple(x.shape)}")
+    M, D = x.shape
+    if D < 1:
+        raise ValueError(f"rows must have D >= 1 elements, got D = {D}")
+    _check_rows(x, "x", M, D)
+    if residual is not None:
+        _check_rows(residual, "residual", M, D)
+    _check_param(weight, "weight", D)
+    _check_param(bias, "bias", D)
+    eps = check_eps(eps)
+    add = residual is not None
+    h_dtype = x.dtype if h_dtype is None else h_dtype
+    if h_dtype not in _DTYPES:
+        raise TypeError(f"h_dtype must be float16, bfloat16, float32 or float64, got {h_dtype}")
+    sdt = _stats_dtype(h_dtype if add else x.dtype)
+    flags = {
+        "CENTRED": centred,
+        "HAS_RESIDUAL": add,
+        "WIDE_ADD": add and torch.float64 in (x.dtype, residual.dtype, h_dtype),
+        "HAS_W": weight is not None,
+        "HAS_B": bias is not None,
+        "ZERO_CENTERED": zero_centered_gamma,
+    }
+    return M, D, eps, h_dtype, sdt, plan("fwd", D, wide=sdt == torch.float64), flags
+
+
 def forward(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -176,26 +212,9 @@ def forward(
             1 / sqrt(var + eps); on a rescaled row (:mod:`layernorm.gpu.kernels`, item 3)
             the statistics of xn * s, with rstd negated as the mark.
     """
-    if bias is not None and not centred:
-        raise ValueError("bias must be None for RMSNorm (centred=False)")
-    if residual is None and h_dtype is not None:
-        raise ValueError("h_dtype is only for add-norms (a residual)")
-    if x.dim() != 2:
-        raise ValueError(f"x must be (M, D), got shape {tuple(x.shape)}")
-    M, D = x.shape
-    if D < 1:
-        raise ValueError(f"rows must have D >= 1 elements, got D = {D}")
-    _check_rows(x, "x", M, D)
-    if residual is not None:
-        _check_rows(residual, "residual", M, D)
-    _check_param(weight, "weight", D)
-    _check_param(bias, "bias", D)
-    eps = check_eps(eps)
+    M, D, eps, h_dtype, sdt, p, flags = _forward_plan(x, residual, weight, bias, eps, centred,
+                                                      zero_centered_gamma, h_dtype)
     add = residual is not None
-    h_dtype = x.dtype if h_dtype is None else h_dtype
-    if h_dtype not in _DTYPES:
-        raise TypeError(f"h_dtype must be float16, bfloat16, float32 or float64, got {h_dtype}")
-    sdt = _stats_dtype(h_dtype if add else x.dtype)
     dev = x.device
     y = torch.empty((M, D), dtype=y_dtype or x.dtype, device=dev)
     h = torch.empty((M, D), dtype=h_dtype, device=dev) if add else None
@@ -203,15 +222,6 @@ def forward(
     rstd = torch.empty(M, dtype=sdt, device=dev)
     if M == 0:
         return y, h, mean, rstd
-    p = plan("fwd", D, wide=sdt == torch.float64)
-    flags = {
-        "CENTRED": centred,
-        "HAS_RESIDUAL": add,
-        "WIDE_ADD": add and torch.float64 in (x.dtype, residual.dtype, h_dtype),
-        "HAS_W": weight is not None,
-        "HAS_B": bias is not None,
-        "ZERO_CENTERED": zero_centered_gamma,
-    }
     stride_r = residual.stride(0) if add else 0
     with _on_device(dev):
         if p.long:
@@ -261,21 +271,18 @@ def forward_quant(
         q (M, D) int8 or float8_e4m3fn; scales: (M, D / group_size) float32 (per row: (M, 1)),
         or a copy of ``scale``; h as :func:`forward`'s.
     """
-    if x.dim() != 2:
-        raise ValueError(f"x must be (M, D), got shape {tuple(x.shape)}")
-    M, D = x.shape
-    if D < 1:
-        raise ValueError(f"rows must have D >= 1 elements, got D = {D}")
+    M, D, eps, h_dtype, sdt, p, flags = _forward_plan(x, residual, weight, bias, eps, centred,
+                                                      zero_centered_gamma, h_dtype)
     check_group_size(group_size, D)
     if scale is not None:
         check_static_alone(group_size, scale_ub)
-    g = group_size or D
     for t, name in ((scale, "scale"), (scale_ub, "scale_ub")):
         if t is not None and (t.numel() != 1 or t.dtype != torch.float32
                               or t.device != x.device):
             raise ValueError(f"{name} must be a one-element float32 tensor on x's device, "
                              f"got {tuple(t.shape)} {t.dtype} on {t.device}")
     dev = x.device
+    g = group_size or D
     q = torch.empty((M, D), dtype=torch.float8_e4m3fn if float8 else torch.int8, device=dev)
     static = scale is not None
     scales = scale.clone() if static else torch.empty((M, D // g), dtype=torch.float32,
@@ -283,13 +290,11 @@ def forward_quant(
     codes = q.view(torch.uint8) if float8 else q
     quant = {"FLOAT8": float8, "QMAX": qmax, "MIN_SCALE": min_scale, "STATIC": static,
              "HAS_UB": scale_ub is not None}
-    p = plan("fwd", D, wide=x.dtype == torch.float64 or h_dtype == torch.float64)
     add = residual is not None
-    if p.long or M == 0:
-        cdt = _stats_dtype(h_dtype if add and h_dtype else x.dtype)
+    if p.long or M == 0:  # the long forward keeps y in the compute dtype; then q from it
         y, h, _mean, _rstd = forward(x, residual, weight, bias, eps, centred=centred,
                                      zero_centered_gamma=zero_centered_gamma,
-                                     h_dtype=h_dtype if add else None, y_dtype=cdt)
+                                     h_dtype=h_dtype if add else None, y_dtype=sdt)
         if M:
             block = max(p.block, group_size) if group_size else p.block  # whole groups
             with _on_device(dev):
@@ -298,24 +303,12 @@ def forward_quant(
                     PER_TOKEN=group_size is None, G_SIZE=g if group_size else block,
                     BLOCK=block, num_warps=p.num_warps)
         return q, scales, h
-    _check_rows(x, "x", M, D)
-    if add:
-        _check_rows(residual, "residual", M, D)
-    _check_param(weight, "weight", D)
-    _check_param(bias, "bias", D)
-    eps = check_eps(eps)
-    h_dtype = x.dtype if h_dtype is None else h_dtype
     h = torch.empty((M, D), dtype=h_dtype, device=dev) if add else None
     with _on_device(dev):
         _quant_short_kernel[(triton.cdiv(M, p.rows),)](
             x, residual, h, codes, scales, scale, scale_ub, weight, bias, x.stride(0),
             residual.stride(0) if add else 0, M, D, D // g if group_size else 1, eps,
-            CDT=tl.float64 if _stats_dtype(h_dtype if add else x.dtype) == torch.float64
-            else tl.float32, CENTRED=centred,
-            HAS_RESIDUAL=add,
-            WIDE_ADD=add and torch.float64 in (x.dtype, residual.dtype, h_dtype),
-            HAS_W=weight is not None, HAS_B=bias is not None,
-            ZERO_CENTERED=zero_centered_gamma, **quant,
+            CDT=tl.float64 if sdt == torch.float64 else tl.float32, **flags, **quant,
             G_SIZE=g if group_size else p.block, ROWS=p.rows, BLOCK_D=p.block,
             num_warps=p.num_warps)
     return q, scales, h
