@@ -7,10 +7,10 @@
 //   int8   NaN -> 0; clamp to [-qmax, qmax]; round half to even by adding and subtracting
 //          1.5 2^p (p the significand's stored bits: every |v| <= 127 then has its units in
 //          the last place, and the sum rounds as the CPU does, to nearest even)
-//   float8 (NaN set aside first) clamp to [-448, 448]; |v| >= 2^-6: v's bits rounded to nearest even at 3 stored
-//          significand bits (a carry moves the exponent, as it should), rebiased; |v| < 2^-6:
-//          |v| 2^9 rounded to an integer, which is the subnormal's code (8 is 2^-6's); NaN ->
-//          0x7F; the sign bit last.
+//   float8 NaN set aside first; clamp to [-448, 448]; |v| >= 2^-6: v's bits rounded to
+//          nearest even at 3 stored significand bits (a carry moves the exponent, as it
+//          should), rebiased; |v| < 2^-6: |v| 2^9 rounded to an integer, which is the
+//          subnormal's code (8 is 2^-6's); NaN -> 0x7F; the sign bit last.
 #pragma once
 
 #include <cmath>
@@ -37,25 +37,6 @@ inline int8_t int8_of(V v, V qmax) {
   v = v == v ? v : V(0);
   v = std::min(std::max(v, -qmax), qmax);
   return static_cast<int8_t>((v + Bits<V>::kRound) - Bits<V>::kRound);
-}
-
-template <typename V>
-inline uint8_t float8_of(V v) {
-  using B = Bits<V>;
-  using U = typename B::U;
-  constexpr int drop = B::kStored - 3;
-  const bool nan = v != v;
-  v = nan ? V(0) : v;  // the code is set below; no NaN reaches the integer conversion
-  v = std::min(std::max(v, V(-448)), V(448));
-  const U u = bit_cast<U>(v);
-  const U sign = (u >> (8 * sizeof(V) - 1)) << 7;
-  const U mag = u & ~(U(1) << (8 * sizeof(V) - 1));
-  const U r = mag + ((U(1) << (drop - 1)) - 1) + ((mag >> drop) & 1);
-  const U normal = (r >> drop) - ((B::kBias - 7) << 3);
-  const V a = bit_cast<V>(mag);
-  const U sub = static_cast<U>((a * V(512) + B::kRound) - B::kRound);
-  const U code = nan ? U(0x7F) : (a < V(1.0 / 64) ? sub : normal);
-  return static_cast<uint8_t>(code | sign);
 }
 
 // max |y_j| over [0, n), NaN where one is NaN: in vectors of the CPU's width (the compiler
@@ -89,41 +70,53 @@ inline V group_amax(const V* y, int64_t n) {
   return nan ? std::numeric_limits<V>::quiet_NaN() : m;
 }
 
-// q_j = float8_of(y_j / s) over [0, n), a vector of the CPU's width at a time (the compiler's
-// own vectorisation of the scalar loop unrolls it to 64 outputs and spills its masks).
+// The float8_e4m3fn codes of v (a vector of the CPU's width), each rounded to nearest even and
+// saturated to +-448, NaN to 0x7F (the header's comment). In g++'s vector types: left to the
+// vectoriser, a scalar loop was unrolled to 64 outputs and spilled its masks.
 template <typename V>
-inline void encode_float8(const V* y, V s, int64_t n, uint8_t* q) {
+inline vec<uint8_t, kWidth<V>> float8_codes(wide_t<V> v) {
   using B = Bits<V>;
   using U = typename B::U;
-  constexpr int W = kWidth<V>;
+  using Vec = wide_t<V>;
+  using UVec = vec<U, kWidth<V>>;
   constexpr int drop = B::kStored - 3;
   constexpr U top = U(1) << (8 * sizeof(V) - 1);
-  using Vec = wide_t<V>;
-  using UVec = vec<U, W>;
+  const auto nan = v != v;
+  v = nan ? Vec{} : v;  // the code is set below; no NaN reaches the integer conversion
+  v = v < V(-448) ? V(-448) : v;
+  v = v > V(448) ? V(448) : v;
+  UVec u;
+  std::memcpy(&u, &v, sizeof u);
+  const UVec mag = u & ~top;
+  const UVec r = mag + ((U(1) << (drop - 1)) - 1) + ((mag >> drop) & 1);
+  const UVec normal = (r >> drop) - U((B::kBias - 7) << 3);
+  Vec a;
+  std::memcpy(&a, &mag, sizeof a);
+  const UVec sub = __builtin_convertvector((a * V(512) + B::kRound) - B::kRound, UVec);
+  UVec code = a < V(1.0 / 64) ? sub : normal;
+  code = nan ? UVec{} + U(0x7F) : code;
+  code |= (u >> (8 * sizeof(V) - 1)) << 7;
+  return __builtin_convertvector(code, vec<uint8_t, kWidth<V>>);
+}
+
+// q_j = the float8 code of y_j / s over [0, n), a vector at a time; the last n mod W values in
+// a vector padded with zeros, so that one encoding serves every value.
+template <typename V>
+inline void encode_float8(const V* y, V s, int64_t n, uint8_t* q) {
+  constexpr int W = kWidth<V>;
   int64_t j = 0;
   for (; j + W <= n; j += W) {
-    Vec v;
+    wide_t<V> v;
     std::memcpy(&v, y + j, sizeof v);
-    v = v / s;
-    const auto nan = v != v;
-    v = nan ? Vec{} : v;  // the code is set below; no NaN reaches the integer conversion
-    v = v < V(-448) ? V(-448) : v;
-    v = v > V(448) ? V(448) : v;
-    UVec u;
-    std::memcpy(&u, &v, sizeof u);
-    const UVec mag = u & ~top;
-    const UVec r = mag + ((U(1) << (drop - 1)) - 1) + ((mag >> drop) & 1);
-    const UVec normal = (r >> drop) - U((B::kBias - 7) << 3);
-    Vec a;
-    std::memcpy(&a, &mag, sizeof a);
-    const UVec sub = __builtin_convertvector((a * V(512) + B::kRound) - B::kRound, UVec);
-    UVec code = a < V(1.0 / 64) ? sub : normal;
-    code = nan ? UVec{} + U(0x7F) : code;
-    code |= (u >> (8 * sizeof(V) - 1)) << 7;
-    const vec<uint8_t, W> out = __builtin_convertvector(code, vec<uint8_t, W>);
+    const vec<uint8_t, W> out = float8_codes<V>(v / s);
     std::memcpy(q + j, &out, sizeof out);
   }
-  for (; j < n; ++j) q[j] = float8_of(y[j] / s);
+  if (j < n) {
+    wide_t<V> v = {};
+    std::memcpy(&v, y + j, (n - j) * sizeof(V));
+    const vec<uint8_t, W> out = float8_codes<V>(v / s);
+    std::memcpy(q + j, &out, n - j);
+  }
 }
 
 template <typename V>
