@@ -129,29 +129,15 @@ class Model:
         t = tokens.shape[0]
         cos, sin = self.cos[start:start + t], self.sin[start:start + t]
         x = self.embed[tokens]  # (T, h) the residual stream
-        attn_out = None
+        delta = None  # the last block's output, added to x by the next norm
         for i, layer in enumerate(modules or self.layers):
-            q8 = self.int8[i]
-            # the attention block's input: norm of x (of x + attn_out from the second layer on,
-            # fused with the add), to its three Linears
-            if mode == "w8a8 fused":
-                if attn_out is None:
-                    a, s = lt.rms_norm_quant(x, h, layer.attn_norm, c["eps"])
-                else:
-                    a, s, x = lt.rms_norm_quant(attn_out, h, layer.attn_norm, c["eps"],
-                                                residual=x)
-                qkv = [q8[k](a, s) for k in ("q", "k", "v")]
-            else:
-                if attn_out is None:
-                    y = lt.rms_norm(x, h, layer.attn_norm, c["eps"])
-                else:
-                    y, x = lt.add_rms_norm(attn_out, x, h, layer.attn_norm, c["eps"])
-                if mode == "w8a8 unfused":
-                    a, s = quantize_tokens(y)
-                    qkv = [q8[k](a, s) for k in ("q", "k", "v")]
-                else:
-                    qkv = [layer[k](y) for k in ("q", "k", "v")]
-            q, k, v = (z.view(t, -1, hd).transpose(0, 1)[None] for z in qkv)  # (1, H, T, hd)
+            def linear(name, inp, layer=layer, q8=self.int8[i]):
+                return _linear(mode, layer, q8, name, inp)
+
+            # attention: the norm of x (+ the last MLP's output), to q, k and v
+            inp, x = _normed(mode, layer.attn_norm, x, delta)
+            q, k, v = (linear(n, inp).view(t, -1, hd).transpose(0, 1)[None]
+                       for n in ("q", "k", "v"))  # (1, H, T, hd)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             self.cache[i, 0, :, :, start:start + t] = k
             self.cache[i, 1, :, :, start:start + t] = v
@@ -160,31 +146,39 @@ class Model:
             o = F.scaled_dot_product_attention(q, keys, vals, is_causal=start == 0 and t > 1,
                                                enable_gqa=kvh != heads)
             o = o[0].transpose(0, 1).reshape(t, h)
-            # the MLP block: norm of x + attention's output, to gate and up
-            if mode == "w8a8 fused":
-                a, s, x = lt.rms_norm_quant(self._o(layer, q8, o, mode), h, layer.mlp_norm,
-                                            c["eps"], residual=x)
-                gate, up = q8["gate"](a, s), q8["up"](a, s)
-            else:
-                y, x = lt.add_rms_norm(self._o(layer, q8, o, mode), x, h, layer.mlp_norm,
-                                       c["eps"])
-                if mode == "w8a8 unfused":
-                    a, s = quantize_tokens(y)
-                    gate, up = q8["gate"](a, s), q8["up"](a, s)
-                else:
-                    gate, up = layer["gate"](y), layer["up"](y)
-            m = F.silu(gate) * up
-            if mode == "float":
-                attn_out = layer["down"](m)
-            else:
-                attn_out = q8["down"](*quantize_tokens(m)) if mode.startswith("w8a8") else \
-                    layer["down"](m)
-        y, _ = lt.add_rms_norm(attn_out, x, h, self.final_norm, c["eps"])
+            # the MLP: the norm of x + attention's output, to gate and up
+            inp, x = _normed(mode, layer.mlp_norm, x, linear("o", o))
+            delta = linear("down", F.silu(linear("gate", inp)) * linear("up", inp))
+        y, _ = lt.add_rms_norm(delta, x, h, self.final_norm, c["eps"])
         return self.head(y)
 
-    @staticmethod
-    def _o(layer, q8, o, mode):
-        return q8["o"](*quantize_tokens(o)) if mode.startswith("w8a8") else layer["o"](o)
+
+def _normed(mode: str, weight, x, delta) -> tuple:
+    """(the Linears' input, the residual stream): the RMSNorm of x, or of x + delta fused with
+    the add (which gives the new stream); as (q, s) quantized per token in the W8A8 modes, by
+    rms_norm_quant (fused) or quantize_tokens after the norm (unfused), else y."""
+    import layernorm.torch as lt
+
+    h, eps = CONFIG["hidden"], CONFIG["eps"]
+    if mode == "w8a8 fused":
+        if delta is None:
+            return lt.rms_norm_quant(x, h, weight, eps), x
+        a, s, x = lt.rms_norm_quant(delta, h, weight, eps, residual=x)
+        return (a, s), x
+    if delta is None:
+        y = lt.rms_norm(x, h, weight, eps)
+    else:
+        y, x = lt.add_rms_norm(delta, x, h, weight, eps)
+    return (quantize_tokens(y) if mode == "w8a8 unfused" else y), x
+
+
+def _linear(mode: str, layer, int8: dict, name: str, inp):
+    """Linear ``name`` of a layer on ``inp``: in the W8A8 modes its int8 copy, on (q, s) as a
+    norm gave them or on a float tensor quantized per token here (o_proj's, down_proj's
+    inputs); else the float (or torchao's) module."""
+    if not mode.startswith("w8a8"):
+        return layer[name](inp)
+    return int8[name](*(inp if isinstance(inp, tuple) else quantize_tokens(inp)))
 
 
 def _greedy(step: Callable, prompt, n: int) -> list[int]:
