@@ -48,7 +48,7 @@ def _shape(M: int, N: int, rounds: int, flush) -> list[dict]:
 
     import layernorm.torch as lt
     from layernorm.bench import gpu_measure as gm
-    from layernorm.bench.quant import _check, norm_then_quantize
+    from layernorm.bench.quant import _check, minimal_bytes, norm_then_quantize
     from layernorm.reference.quant import QUANT_DTYPES
 
     def p50(fn) -> float:
@@ -74,7 +74,7 @@ def _shape(M: int, N: int, rounds: int, flush) -> list[dict]:
             calls["eager"] = lambda args=args: norm_then_quantize(*args)
             calls["torch.compile"] = lambda args=args, pair=pair: pair(*args)
         ms = {k: p50(fn) for k, fn in calls.items()}
-        moved = x.numel() * (x.element_size() + 1) + 4 * s.numel()
+        moved = minimal_bytes(x, s.numel())
         fraction = (moved / ms["fused"]) / (2 * x.numel() * x.element_size() / copy_ms)
         row = {"M": M, "N": N, "dtype": "bfloat16", "qdtype": qname, "group_size": group,
                "ms": ms, "copy_ms": copy_ms, "fraction_of_copy": fraction,

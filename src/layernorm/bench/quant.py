@@ -33,8 +33,8 @@ from . import results
 from .harness import interleaved, reps_for, set_threads
 from .machine import run_meta
 
-__all__ = ["DECODE_SHAPE", "DRAM_SHAPE", "GOALS", "SHAPES", "format_quant", "norm_then_quantize",
-           "run", "summary_line", "verdict_counts"]
+__all__ = ["DECODE_SHAPE", "DRAM_SHAPE", "GOALS", "SHAPES", "format_quant", "minimal_bytes",
+           "norm_then_quantize", "run", "summary_line", "verdict_counts"]
 
 SHAPES: tuple[tuple[int, ...], ...] = ((1, 1024, 4096), (4, 1024, 4096))
 DECODE_SHAPE = (1, 4096)
@@ -61,6 +61,12 @@ def norm_then_quantize(x, weight, eps: float, dtype, qmax: float, min_scale: flo
     if dtype == torch.int8:
         v = v.round()
     return v.clamp(-qmax, qmax).to(dtype), s
+
+
+def minimal_bytes(x, n_scales: int) -> int:
+    """The bytes a quantized norm of ``x`` must move: x read; q (a byte an element) and the
+    n_scales float32 scales written."""
+    return x.numel() * (x.element_size() + 1) + 4 * n_scales
 
 
 def _check(q, scales, x, w, eps: float, qdtype: str) -> None:
@@ -152,8 +158,7 @@ def measure(shape: tuple[int, ...], dtype: str, qdtype: str, threads: int,
                                                    row["providers"]["norm"])
                                      or _at_most(ratio, GOALS["decode"]))
     if dram:
-        m = x.numel() // d
-        moved = x.numel() * x.element_size() + x.numel() + 4 * m  # x read; q, scales written
+        moved = minimal_bytes(x, x.numel() // d)
         copy_bytes = 2 * x.numel() * x.element_size()
         per_copy = [copy_bytes / c for c in times["copy"]]
         frac = _ratios([moved / f for f in fused], per_copy)
