@@ -18,12 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..reference.quant import (
-    QUANT_DTYPES,
-    check_group_size,
-    check_scale_ub,
-    check_static_alone,
-)
+from ..reference.quant import QUANT_DTYPES, check_group_size, check_static_alone
 from ._functional import _checked, _is_compiling, _is_exporting, _tracing_state
 from ._ops import add_norm_quant, norm_quant
 
@@ -80,7 +75,10 @@ def _scale_ub(scale_ub: object, x: Tensor) -> Tensor | None:
     if isinstance(scale_ub, bool) or not isinstance(scale_ub, numbers.Real):
         raise TypeError(f"scale_ub must be None, a real number or a one-element float32 "
                         f"tensor, got {type(scale_ub).__name__}")
-    return torch.full((), check_scale_ub(scale_ub), dtype=torch.float32, device=x.device)
+    value = float(torch.tensor(float(scale_ub), dtype=torch.float32))
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"scale_ub must be finite and > 0 as a float32, got {scale_ub!r}")
+    return torch.full((), value, dtype=torch.float32, device=x.device)
 
 
 def _refuse_grad(x: Tensor, residual: Tensor | None, weight: Tensor | None,
