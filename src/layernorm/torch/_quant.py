@@ -75,6 +75,8 @@ def _scale_ub(scale_ub: object, x: Tensor) -> Tensor | None:
     if isinstance(scale_ub, bool) or not isinstance(scale_ub, numbers.Real):
         raise TypeError(f"scale_ub must be None, a real number or a one-element float32 "
                         f"tensor, got {type(scale_ub).__name__}")
+    # its float32 value through torch, not the reference's NumPy check: under torch.compile
+    # Dynamo traces NumPy as tensors, and the check's branch would stop it
     value = float(torch.tensor(float(scale_ub), dtype=torch.float32))
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"scale_ub must be finite and > 0 as a float32, got {scale_ub!r}")
