@@ -13,6 +13,15 @@
 #     tools/gpu_session.sh quant            tools/gpu_quant.py: the quantized norm against
 #                                           norm-then-quantize (eager, compiled) and a copy
 #     tools/gpu_session.sh all              tests, then bench
+#     tools/gpu_session.sh quick            the one call of a short lease (about 8 minutes):
+#                                           the CUDA tests only a GPU can show, in three
+#                                           steps (each norm and mode against the oracle in
+#                                           bfloat16 and float32; bit-identical reruns and
+#                                           batch invariance; one problem past 2**31
+#                                           elements), then the bench of the core grid
+#                                           (RMSNorm and LayerNorm, bfloat16, N = 1K to 128K,
+#                                           every peer; torch.compile at 4K and 32K), then
+#                                           the decode sizes (tools/gpu_decode.py)
 #
 # Each step stops in time for the call to end within CALL_LIMIT seconds (default 570, for a
 # 10-minute call), and a benchmark stopped there goes on at the next call where it stopped.
@@ -20,9 +29,20 @@
 # installed to /tmp/layernorm-site first; the CUDA 13 libraries' wheel is installed once both
 # of its halves, .whl/ and .whl-2/, have arrived. Logs, the results file and env.txt go to
 # $OUT (default .gpu-run/out); the last thing printed is the table of the results so far.
+# quick writes each step's results to $OUT as they come: tests.jsonl (a line per test and per
+# step), bench.json (a row per measurement) and decode.json, beside env.txt and session.log.
+# The package's CPU engine is never built there (LAYERNORM_NO_CPP=1): the GPU paths need none.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+step=${1:-all}
+shift || true
+case "$step" in
+    tests | bench | variants | quant | all | quick) ;;
+    *) echo "usage: tools/gpu_session.sh tests|bench [DTYPE]...|variants ARG...|quant|all|quick" >&2
+       exit 2 ;;
+esac
 
+[ "$step" = quick ] && CALL_LIMIT=${CALL_LIMIT:-500}
 CALL_LIMIT=${CALL_LIMIT:-570}
 OUT=${OUT:-.gpu-run/out}
 RESULTS=.gpu-run/gpu-results.json
@@ -30,6 +50,7 @@ SITE=/tmp/layernorm-site
 PY=${PYTHON:-python3}
 mkdir -p "$OUT" .gpu-run
 export PYTHONUNBUFFERED=1
+export LAYERNORM_NO_CPP=1
 export PYTHONPATH="$PWD/src:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
 
 STATUS=0  # 1 if a step failed (a benchmark stopped at the time limit has not failed)
@@ -148,10 +169,80 @@ run_quant() {
     check "${PIPESTATUS[0]}" "tools/gpu_quant.py"
 }
 
-show() {
-    [ -f "$RESULTS" ] || return 0
-    cp "$RESULTS" "$OUT/"
-    "$PY" - "$RESULTS" <<'EOF'
+# quick: each step's budget in seconds; each also ends in time for the call (CALL_LIMIT, 500 s
+# by default for quick: a 540 s call)
+QUICK_TESTS=(gpu_oracle:110 gpu_invariance:45 gpu_scale:30)
+QUICK_BENCH=300
+QUICK_DECODE=45
+QUICK_NS="1024, 4096, 8192, 32768, 131072"
+QUICK_COMPILE_NS=(4096 32768)
+QUICK_KEPT=.gpu-run/quick-bench.json  # the bench's rows, for a second call on the same machine
+
+budget_of() {  # budget_of SECONDS RESERVE: SECONDS, or what is left less RESERVE if less
+    local most=$(($(left) - $2))
+    echo $(($1 < most ? $1 : most))
+}
+
+step_line() {  # step_line NAME STATUS SECONDS: the step's own line in tests.jsonl
+    printf '{"step": "%s", "exit": %s, "seconds": %s}\n' "$1" "$2" "$3" >> "$OUT/tests.jsonl"
+}
+
+run_quick_tests() {
+    local item step budget rc start workers=() cores
+    cores=$(nproc)
+    "$PY" -c "import xdist" 2>/dev/null && workers=(-n $((cores < 8 ? cores : 8)))
+    for item in "${QUICK_TESTS[@]}"; do
+        step=${item%%:*}
+        budget=$(budget_of "${item##*:}" 20)
+        [ "$step" = gpu_scale ] && workers=()  # one process: about 40 GB a test
+        if [ "$budget" -lt 10 ]; then
+            echo "== $step: no time left"; step_line "$step" 124 0; STATUS=1; continue
+        fi
+        echo "== pytest tests/gpu -m $step (${workers[*]:-one process}), at most ${budget}s"
+        start=$SECONDS
+        LAYERNORM_TEST_LOG="$OUT/tests.jsonl" timeout "$budget" "$PY" -m pytest tests/gpu -q \
+            -p no:cacheprovider "${workers[@]}" -m "$step" 2>&1 | tail -8
+        rc=${PIPESTATUS[0]}
+        step_line "$step" "$rc" $((SECONDS - start))
+        check "$rc" "pytest -m $step"
+    done
+}
+
+run_quick_bench() {
+    local budget rc shapes compile=() n
+    shapes=$("$PY" -c "from layernorm.bench.gpu import rows_for
+print(' '.join(f'--shape {rows_for(n)}x{n}' for n in ($QUICK_NS)))")
+    for n in "${QUICK_COMPILE_NS[@]}"; do compile+=(--compile-n "$n"); done
+    [ -f "$OUT/bench.json" ] || cp "$QUICK_KEPT" "$OUT/bench.json" 2>/dev/null
+    budget=$(budget_of "$QUICK_BENCH" "$QUICK_DECODE")
+    echo "== layernorm bench --device cuda: RMSNorm and LayerNorm, bfloat16, at most ${budget}s"
+    # shellcheck disable=SC2086  # $shapes is the words of the --shape options
+    timeout "$budget" "$PY" -m layernorm bench --device cuda --dtype bfloat16 --norm rms_norm \
+        --norm layer_norm $shapes "${compile[@]}" --out "$OUT/bench.json" --resume \
+        > "$OUT/bench.log" 2>&1
+    rc=$?
+    tail -3 "$OUT/bench.log"
+    cp "$OUT/bench.json" "$QUICK_KEPT" 2>/dev/null
+    if [ $rc -eq 124 ]; then
+        echo "bench: stopped at the time limit; its rows so far are in bench.json"
+    elif [ $rc -ne 0 ]; then
+        STATUS=1
+    fi
+}
+
+run_decode() {
+    local budget
+    budget=$(budget_of "$QUICK_DECODE" 5)
+    echo "== tools/gpu_decode.py, at most ${budget}s"
+    timeout "$budget" "$PY" tools/gpu_decode.py --out "$OUT/decode.json" 2>&1 | tail -16
+    check "${PIPESTATUS[0]}" "tools/gpu_decode.py"
+}
+
+show() {  # show [FILE]: the table of a results file (default $RESULTS, copied to $OUT)
+    local file=${1:-$RESULTS}
+    [ -f "$file" ] || return 0
+    [ "$file" = "$RESULTS" ] && cp "$RESULTS" "$OUT/"
+    "$PY" - "$file" <<'EOF'
 import sys
 from layernorm.bench import gpu
 rows = gpu.load_results(sys.argv[1])
@@ -161,14 +252,10 @@ print(gpu.format_table(rows))
 EOF
 }
 
-step=${1:-all}
-shift || true
-case "$step" in
-    tests | bench | variants | quant | all) ;;
-    *) echo "usage: tools/gpu_session.sh tests|bench [DTYPE]...|variants ARG...|quant|all" >&2
-       exit 2 ;;
-esac
+[ "$step" = quick ] && exec > >(tee -a "$OUT/session.log") 2>&1
+start=$SECONDS
 install_wheels
+echo "wheels: $((SECONDS - start)) s"
 environment | tee "$OUT/env.txt"
 case "$step" in
     tests) run_tests ;;
@@ -176,6 +263,7 @@ case "$step" in
     variants) run_variants "$@" ;;
     quant) run_quant ;;
     all) run_tests; run_bench "$@" ;;
+    quick) run_quick_tests; run_quick_bench; run_decode ;;
 esac
-show
+if [ "$step" = quick ]; then show "$OUT/bench.json"; else show; fi
 exit $STATUS

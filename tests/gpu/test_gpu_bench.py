@@ -357,6 +357,9 @@ def test_provider_discovery_absent_when_unimportable(monkeypatch):
     for norm in NORMS:
         found, notes = measuring.providers_for(norm, 256)
         assert [p.name for p in found] == ["layernorm", "torch", "torch.compile"]
+        # --compile-n leaves torch.compile out at other row lengths, and only it
+        assert [p.name for p in measuring.providers_for(norm, 256, compiled=False)[0]] == [
+            "layernorm", "torch"]
         # neither library has an add + LayerNorm: nothing to miss there
         missed = [] if norm == "add_layer_norm" else ["liger", "quack"]
         assert [n.split(": ")[0] for n in notes] == missed
@@ -549,6 +552,22 @@ def test_resume_needs_a_cuda_results_file(argv, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.startswith("layernorm bench: error: argument --resume: needs --device cuda")
     assert len(err.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_compile_n_needs_cuda(tmp_path, capsys, monkeypatch):
+    """Protects --compile-n from being ignored: it chooses the row lengths of the GPU
+    benchmark's torch.compile peer, so without --device cuda it is a one-line mistake, exit
+    status 2, nothing written; a row length that is not a positive count is refused too."""
+    from layernorm.commands import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "--compile-n", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert err == "layernorm bench: error: argument --compile-n: only with --device cuda\n"
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--device", "cuda", "--compile-n", "0"])
+    assert stop.value.code == 2 and "argument --compile-n" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_kept_rows_of_this_device_only(tmp_path, monkeypatch):

@@ -483,13 +483,15 @@ def kept_rows(path: Path | str) -> list[dict[str, Any]]:
 
 def measure(dtypes: Sequence[str], specs: Sequence[Any] | None, quick: bool, rounds: int,
             norms: Iterable[str] | None = None, out: Path | str | None = None,
-            kept: Sequence[dict[str, Any]] = ()
+            kept: Sequence[dict[str, Any]] = (), compile_ns: Iterable[int] | None = None
             ) -> tuple[list[dict[str, Any]], list[str], str, Path]:
     """Rows for every dtype (names of :data:`GPU_DTYPES`), shape (``specs`` and ``quick`` as
     for :func:`parse_shapes`, M picked per dtype) and norm (default: the family), the problems
     found, the device's name and the results file: rows are written to :func:`results_file` of
     ``out`` as they come and progress is printed. ``kept``: rows of an earlier run (see
-    :func:`kept_rows`), kept, and not measured again. Needs :func:`unavailable` to be None."""
+    :func:`kept_rows`), kept, and not measured again. ``compile_ns``: the row lengths at
+    which the torch.compile peer is measured (None: every one). Needs :func:`unavailable` to
+    be None."""
     import torch
 
     from .gpu_measure import CudaSession
@@ -499,7 +501,7 @@ def measure(dtypes: Sequence[str], specs: Sequence[Any] | None, quick: bool, rou
         family.norm(n)
     device = torch.cuda.get_device_name()
     path = results_file(out, device)
-    session, rows, problems = CudaSession(rounds), list(kept), []
+    session, rows, problems = CudaSession(rounds, compile_ns), list(kept), []
     for dtype in dtypes:
         rows, found = sweep(session, device, [dtype], parse_shapes(specs, quick, dtype), norms,
                             path, kept=rows)

@@ -8,7 +8,7 @@ and plot work without torch.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .. import family
@@ -108,9 +108,10 @@ _PEERS: dict[str, tuple[Callable[[str, int, float], Callable[..., Any] | None], 
 }
 
 
-def providers_for(norm: str, N: int) -> tuple[list[Provider], list[str]]:
+def providers_for(norm: str, N: int, compiled: bool = True) -> tuple[list[Provider], list[str]]:
     """The providers of ``norm`` for rows of length N, and notes on the ones that do not
-    import (a library that lacks the norm is left out without a note)."""
+    import (a library that lacks the norm is left out without a note); torch.compile's only
+    if ``compiled``."""
     import torch
 
     eps = family.norm(norm).eps
@@ -121,8 +122,9 @@ def providers_for(norm: str, N: int) -> tuple[list[Provider], list[str]]:
     except Exception as exc:  # an import may fail in any way
         notes.append(f"layernorm: no {norm} from layernorm.torch ({_one_line(exc)})")
     eager = _eager(norm, N, eps)
-    found += [Provider("torch", eager),
-              Provider("torch.compile", torch.compile(eager, dynamic=False))]
+    found.append(Provider("torch", eager))
+    if compiled:
+        found.append(Provider("torch.compile", torch.compile(eager, dynamic=False)))
     for name, (factory, fp32_params) in _PEERS.items():
         try:
             fn = factory(norm, N, eps)
@@ -230,12 +232,14 @@ def _time(fn: Callable[[], Any], rounds: int, flush: Any) -> tuple[list[float], 
 
 class CudaSession:
     """The measuring side of :func:`sweep` on the current CUDA device: one side stream for
-    everything, an L2 flush buffer, and one (norm, dtype, M, N)'s tensors at a time."""
+    everything, an L2 flush buffer, and one (norm, dtype, M, N)'s tensors at a time.
+    ``compile_ns``: the row lengths at which torch.compile is a provider (None: all)."""
 
-    def __init__(self, rounds: int) -> None:
+    def __init__(self, rounds: int, compile_ns: Iterable[int] | None = None) -> None:
         import torch
 
         self.rounds = rounds
+        self.compile_ns = None if compile_ns is None else frozenset(compile_ns)
         self.stream = torch.cuda.Stream()
         self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
         self._key: tuple | None = None
@@ -253,7 +257,7 @@ class CudaSession:
         return 2 * x.numel() * x.element_size() / (p50 * 1e6)
 
     def providers(self, norm: str, N: int) -> tuple[list[Provider], list[str]]:
-        return providers_for(norm, N)
+        return providers_for(norm, N, self.compile_ns is None or N in self.compile_ns)
 
     def _case(self, norm: str, dtype: str, M: int, N: int) -> tuple:
         """(inputs, params, cotangents) of one case, kept until the case changes."""

@@ -128,6 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --device cuda and an --out .json file: keep the rows it "
                              "has measured and measure only the rest (a run cut short goes "
                              "on where it stopped)")
+    parser.add_argument("--compile-n", action="append", type=count, metavar="N",
+                        help="with --device cuda: the torch.compile peer at these row lengths "
+                             "only (repeatable; default every N), since each N compiles anew")
 
 
 def _not_runnable(norm: str, wanted: list[str]) -> dict[str, str]:
@@ -148,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
         folder = args.device == "cuda" and not out_file
         if (problem := writable(args.out, folder=folder)) is not None:
             return usage_error(PROG, f"argument --out: {problem}")
+    if args.compile_n and args.device != "cuda":
+        return usage_error(PROG, "argument --compile-n: only with --device cuda")
     if args.device == "cuda":
         return run_cuda(args)
     if args.full and not args.peers:
@@ -398,7 +403,8 @@ def run_cuda(args: argparse.Namespace) -> int:
     Reads ``args.dtype`` (names or None: bfloat16 and float32), ``args.shape`` (see
     :func:`layernorm.bench.gpu.parse_shapes`), ``args.quick``, ``args.out`` (.json file or
     folder; default bench/runs), ``args.resume`` (keep the measured rows of the ``--out``
-    file and measure the rest) and ``args.rounds`` (runs per measurement). Returns 0 when
+    file and measure the rest), ``args.rounds`` (runs per measurement) and
+    ``args.compile_n`` (the row lengths of the torch.compile peer; None: all). Returns 0 when
     done, 1 when our kernels disagree with the reference or fail, 2 when nothing can be
     measured.
     """
@@ -416,7 +422,8 @@ def run_cuda(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # not a results file, or another device's
         return usage_error(PROG, f"argument --resume: {exc}")
     rows, problems, _device, path = gpu.measure(dtypes, args.shape, args.quick, rounds,
-                                                norms=args.norm, out=args.out, kept=kept)
+                                                norms=args.norm, out=args.out, kept=kept,
+                                                compile_ns=args.compile_n)
     print()
     print(gpu.format_table(rows, markdown=True))
     print(f"\nresults written to {path}")
