@@ -22,12 +22,17 @@
 #                                           (RMSNorm and LayerNorm, bfloat16, N = 1K to 128K,
 #                                           every peer; torch.compile at 4K and 32K), then
 #                                           the decode sizes (tools/gpu_decode.py)
+#     tools/gpu_session.sh quick-rest       the second call (about 3 minutes), at once on
+#                                           the same machine, carrying .whl-2/: QuACK's
+#                                           second half unpacked, the bench's rows the first
+#                                           call lacks (QuACK's, and any it did not reach),
+#                                           then the decode sizes again with QuACK
 #
 # Each step stops in time for the call to end within CALL_LIMIT seconds (default 570, for a
 # 10-minute call), and a benchmark stopped there goes on at the next call where it stopped.
-# Wheels in .whl/ (tools/gpu_wheels.sh: Liger-Kernel, QuACK and their dependencies) are
-# installed to /tmp/layernorm-site first; the CUDA 13 libraries' wheel is installed once both
-# of its halves, .whl/ and .whl-2/, have arrived. Logs, the results file and env.txt go to
+# The peers (tools/gpu_wheels.sh) are installed to /tmp/layernorm-site first: Liger-Kernel's
+# wheel from .whl/, and QuACK's packed site once both of its halves, .whl/ and .whl-2/, have
+# arrived. Logs, the results file and env.txt go to
 # $OUT (default .gpu-run/out); the last thing printed is the table of the results so far.
 # quick writes each step's results to $OUT as they come: tests.jsonl (a line per test and per
 # step), bench.json (a row per measurement) and decode.json, beside env.txt and session.log.
@@ -37,12 +42,13 @@ cd "$(dirname "$0")/.."
 step=${1:-all}
 shift || true
 case "$step" in
-    tests | bench | variants | quant | all | quick) ;;
-    *) echo "usage: tools/gpu_session.sh tests|bench [DTYPE]...|variants ARG...|quant|all|quick" >&2
+    tests | bench | variants | quant | all | quick | quick-rest) ;;
+    *) echo "usage: tools/gpu_session.sh tests|bench [DTYPE]...|variants ARG...|quant|all|quick|quick-rest" >&2
        exit 2 ;;
 esac
 
 [ "$step" = quick ] && CALL_LIMIT=${CALL_LIMIT:-500}
+[ "$step" = quick-rest ] && CALL_LIMIT=${CALL_LIMIT:-170}
 CALL_LIMIT=${CALL_LIMIT:-570}
 OUT=${OUT:-.gpu-run/out}
 RESULTS=.gpu-run/gpu-results.json
@@ -65,32 +71,41 @@ check() {  # check STATUS_OF_A_STEP NAME: a failure sets STATUS; the time limit 
 }
 
 install_wheels() {
-    # Installs each wheel once per machine: $SITE/.installed lists those already there, so a
-    # later call of the same machine skips them (and the join of the two halves).
-    [ -d .whl ] || { echo "no .whl/: the peers are measured only where installed already"; return; }
+    # Installs each thing once per machine ($SITE/.installed lists those already there, so a
+    # later call of the same machine skips them): the wheels in .whl/ with pip, and QuACK's
+    # packed site (tools/gpu_wheels.sh) once both of its halves, .whl/ and .whl-2/, are here
+    # (the second call brings the second; the first's waits in .gpu-run/).
+    [ -d .whl ] || [ -d .whl-2 ] || {
+        echo "no .whl/: the peers are measured only where installed already"; return; }
     local done=$SITE/.installed wheels=() w part0 part1 name
     installed() { grep -qxF "$1" "$done" 2>/dev/null; }
-    for w in .whl/*.whl; do installed "$(basename "$w")" || wheels+=("$w"); done
-    part0=$(ls .whl/*.whl.part00 2>/dev/null | head -1)
-    part1=$(ls .whl-2/*.whl.part01 2>/dev/null | head -1)
-    name=$(basename "${part0%.part00}")
-    if [ -n "$part0" ] && ! installed "$name"; then
-        if [ -z "$part1" ]; then
-            echo "only the first half of the CUDA 13 libraries' wheel is here: QuACK will not import"
-        else
-            cat "$part0" "$part1" > "/tmp/$name"
-            if [ "$(sha256sum "/tmp/$name" | cut -d' ' -f1)" = "$(cut -d' ' -f1 ".whl/$name.sha256")" ]; then
-                wheels+=("/tmp/$name")
-            else
-                echo "the two halves of $name do not match its SHA-256: not installed"
-            fi
-        fi
+    mkdir -p "$SITE" .gpu-run
+    for w in .whl/*.whl; do [ -f "$w" ] && ! installed "$(basename "$w")" && wheels+=("$w"); done
+    if [ ${#wheels[@]} -gt 0 ]; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$SITE" "${wheels[@]}" 2>&1 | grep -v "^WARNING: Target directory" | tail -5
+        [ "${PIPESTATUS[0]}" -eq 0 ] && printf '%s\n' "${wheels[@]##*/}" >> "$done"
     fi
-    [ ${#wheels[@]} -gt 0 ] || { echo "wheels: nothing more to install in $SITE"; return; }
-    mkdir -p "$SITE"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "${wheels[@]}" 2>&1 | grep -v "^WARNING: Target directory" | tail -5
-    [ "${PIPESTATUS[0]}" -eq 0 ] && printf '%s\n' "${wheels[@]##*/}" >> "$done"
+    cp .whl/*.tar.xz.part00 .whl/*.tar.xz.sha256 .gpu-run/ 2>/dev/null  # kept for the next call
+    part0=$(ls .gpu-run/*.tar.xz.part00 2>/dev/null | head -1)
+    [ -n "$part0" ] || return 0
+    name=$(basename "${part0%.part00}")
+    installed "$name" && return 0
+    part1=.whl-2/$name.part01
+    if [ ! -f "$part1" ]; then
+        echo "only the first half of $name is here: QuACK will not import until the second call"
+        return 0
+    fi
+    "$PY" - "$part0" "$part1" ".gpu-run/$name.sha256" "$SITE" <<'UNPACK' && echo "$name" >> "$done"
+import hashlib, io, sys, tarfile
+first, second, sums, site = sys.argv[1:]
+data = open(first, "rb").read() + open(second, "rb").read()
+if hashlib.sha256(data).hexdigest() != open(sums).read().split()[0]:
+    sys.exit(f"the two halves do not match the SHA-256 in {sums}: not unpacked")
+with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+    tar.extractall(site, filter="data")
+print(f"QuACK's packages unpacked into {site}")
+UNPACK
 }
 
 environment() {
@@ -252,7 +267,7 @@ print(gpu.format_table(rows))
 EOF
 }
 
-[ "$step" = quick ] && exec > >(tee -a "$OUT/session.log") 2>&1
+case "$step" in quick*) exec > >(tee -a "$OUT/session.log") 2>&1 ;; esac
 start=$SECONDS
 install_wheels
 echo "wheels: $((SECONDS - start)) s"
@@ -264,6 +279,9 @@ case "$step" in
     quant) run_quant ;;
     all) run_tests; run_bench "$@" ;;
     quick) run_quick_tests; run_quick_bench; run_decode ;;
+    quick-rest)
+        [ -f "$QUICK_KEPT" ] || echo "no rows of a first call on this machine: measuring all"
+        run_quick_bench; run_decode ;;
 esac
-if [ "$step" = quick ]; then show "$OUT/bench.json"; else show; fi
+case "$step" in quick*) show "$OUT/bench.json" ;; *) show ;; esac
 exit $STATUS

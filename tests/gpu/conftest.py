@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -142,9 +143,10 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
     """Marks each test of :data:`QUICK_STEPS` with its step; a rule that matches no test of a
-    file that was collected is an error, so a renamed test or parameter cannot drop out of
-    the short call unseen."""
-    files = {item.path.name for item in items}
+    file collected whole (not named by a node id, ``file.py::test``) is an error, so a renamed
+    test or parameter cannot drop out of the short call unseen."""
+    named = {Path(arg.split("::")[0]).name for arg in config.args if "::" in arg}
+    files = {item.path.name for item in items} - named
     for step, rules in QUICK_STEPS.items():
         for file, name, which in rules:
             chosen = [item for item in items if item.path.name == file

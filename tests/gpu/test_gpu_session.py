@@ -97,8 +97,8 @@ def _gpu_conftest():
 
 def test_a_rule_that_matches_nothing_is_an_error():
     """Protects the steps from losing a test unseen: a test renamed (or a parameter) so that
-    its rule matches nothing in a collected file stops the run with a usage error naming the
-    rule; a file not collected is not checked."""
+    its rule matches nothing in a file collected whole stops the run with a usage error
+    naming the rule; a file not collected, or named with a node id, is not checked."""
     conftest = _gpu_conftest()
 
     def item(file, test, **params):
@@ -112,11 +112,15 @@ def test_a_rule_that_matches_nothing_is_an_error():
                 for name in ("test_bit_identical_at_scale", "test_batch_invariant_at_scale",
                              offsets_test)]
 
+    whole = SimpleNamespace(args=["tests/gpu"])
     items = scale_file("test_offsets_past_two_to_the_31")
-    conftest.pytest_collection_modifyitems(None, items)  # only that file: its rules hold
+    conftest.pytest_collection_modifyitems(whole, items)  # only that file: its rules hold
     assert [i.marks for i in items] == [["gpu_invariance"], ["gpu_invariance"], ["gpu_scale"]]
     with pytest.raises(pytest.UsageError, match="gpu_scale: no test test_gpu_scale.py::test_off"):
-        conftest.pytest_collection_modifyitems(None, scale_file("test_offsets_past_int32"))
+        conftest.pytest_collection_modifyitems(whole, scale_file("test_offsets_past_int32"))
+    # a file a node id picks tests from is not checked: the rest of it was not collected
+    one = SimpleNamespace(args=["tests/gpu/test_gpu_scale.py::test_bit_identical_at_scale"])
+    conftest.pytest_collection_modifyitems(one, scale_file("test_offsets_past_int32")[:1])
 
 
 def test_the_log_keeps_each_outcome_as_it_comes(tmp_path):
