@@ -14,9 +14,9 @@ QuACK: ``layernorm.bench.gpu_measure.providers_for``, without torch.compile), ti
 Each provider's output is checked against the NumPy reference before it is timed. Prints one
 line per (norm, M, provider) and a table of ours against torch eager (goal: within 1.2x per
 call under graph replay) with each provider's launch cost (eager minus graph), and writes the
-rows as JSON to ``--out`` (default .gpu-run/out/decode.json). ``--device cpu`` runs the same
-on CPU tensors without graphs, to check the tool end to end on a machine without a GPU.
-Without CUDA, ``--device cuda`` says so and exits 2.
+rows as JSON to ``--out`` (default .gpu-run/out/decode.json), rewritten after every row.
+``--device cpu`` runs the same on CPU tensors without graphs, to check the tool end to end on
+a machine without a GPU. Without CUDA, ``--device cuda`` says so and exits 2.
 """
 
 from __future__ import annotations
@@ -92,9 +92,10 @@ def _summary(times: list[float]) -> dict:
     return {"us": statistics.median(times), "p20": q[1], "p80": q[7]}
 
 
-def measure(device: str, calls: int, rounds: int) -> list[dict]:
+def measure(device: str, calls: int, rounds: int, out: Path, meta: dict) -> list[dict]:
     """One row per (norm, M, provider, mode): microseconds per call (p50, p20, p80), or the
-    error that stopped it."""
+    error that stopped it; ``out`` is rewritten (with ``meta``) after every row, so a run
+    stopped at a time limit keeps what it measured."""
     import torch
 
     from layernorm.bench import gpu_measure as gm
@@ -121,6 +122,7 @@ def measure(device: str, calls: int, rounds: int) -> list[dict]:
                         sync()
                 except Exception as exc:  # a provider may fail in any way: a row says so
                     rows += [{**base, "mode": m, "error": gm._one_line(exc)} for m in modes]
+                    _write(out, meta, rows)
                     print(f"{norm} M={M} {prov.name}: {rows[-1]['error']}", flush=True)
                     continue
                 for mode in modes:
@@ -134,8 +136,17 @@ def measure(device: str, calls: int, rounds: int) -> list[dict]:
                         row = {**base, "mode": mode, "error": gm._one_line(exc)}
                         detail = row["error"]
                     rows.append(row)
+                    _write(out, meta, rows)
                     print(f"{norm} M={M} {prov.name} {mode}: {detail}", flush=True)
     return rows
+
+
+def _write(out: Path, meta: dict, rows: list[dict]) -> None:
+    """``out`` replaced whole by the run so far (a stop while writing leaves the last one)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    tmp.replace(out)
 
 
 def table(rows: list[dict]) -> str:
@@ -190,9 +201,8 @@ def main(argv: list[str]) -> int:
 
     meta = {**run_meta(), "device": (torch.cuda.get_device_name() if args.device == "cuda"
                                      else "cpu"), "calls": args.calls, "rounds": args.rounds}
-    rows = measure(args.device, args.calls, args.rounds)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    rows = measure(args.device, args.calls, args.rounds, args.out, meta)
+    _write(args.out, meta, rows)
     print(table(rows))
     print(f"saved {args.out}")
     return 1 if any("error" in r and r["provider"] == "layernorm" for r in rows) else 0

@@ -35,7 +35,8 @@
 # arrived. Logs, the results file and env.txt go to
 # $OUT (default .gpu-run/out); the last thing printed is the table of the results so far.
 # quick writes each step's results to $OUT as they come: tests.jsonl (a line per test and per
-# step), bench.json (a row per measurement) and decode.json, beside env.txt and session.log.
+# step) and pytest.log, bench.json (a row per measurement) and bench.log, decode.json (a row
+# per measurement), beside env.txt and session.log: at most 8 files come back from a call.
 # The package's CPU engine is never built there (LAYERNORM_NO_CPP=1): the GPU paths need none.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,7 +89,11 @@ install_wheels() {
     fi
     cp .whl/*.tar.xz.part00 .whl/*.tar.xz.sha256 .gpu-run/ 2>/dev/null  # kept for the next call
     part0=$(ls .gpu-run/*.tar.xz.part00 2>/dev/null | head -1)
-    [ -n "$part0" ] || return 0
+    if [ -z "$part0" ]; then
+        [ -d .whl-2 ] && echo "the second half of QuACK's site is here but not the first (a" \
+            "fresh machine: the call before was not on this one): QuACK will not import"
+        return 0
+    fi
     name=$(basename "${part0%.part00}")
     installed "$name" && return 0
     part1=.whl-2/$name.part01
@@ -96,16 +101,8 @@ install_wheels() {
         echo "only the first half of $name is here: QuACK will not import until the second call"
         return 0
     fi
-    "$PY" - "$part0" "$part1" ".gpu-run/$name.sha256" "$SITE" <<'UNPACK' && echo "$name" >> "$done"
-import hashlib, io, sys, tarfile
-first, second, sums, site = sys.argv[1:]
-data = open(first, "rb").read() + open(second, "rb").read()
-if hashlib.sha256(data).hexdigest() != open(sums).read().split()[0]:
-    sys.exit(f"the two halves do not match the SHA-256 in {sums}: not unpacked")
-with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
-    tar.extractall(site, filter="data")
-print(f"QuACK's packages unpacked into {site}")
-UNPACK
+    "$PY" tools/gpu_unpack.py "$part0" "$part1" ".gpu-run/$name.sha256" "$SITE" \
+        && echo "$name" >> "$done"
 }
 
 environment() {
@@ -193,9 +190,11 @@ QUICK_NS="1024, 4096, 8192, 32768, 131072"
 QUICK_COMPILE_NS=(4096 32768)
 QUICK_KEPT=.gpu-run/quick-bench.json  # the bench's rows, for a second call on the same machine
 
-budget_of() {  # budget_of SECONDS RESERVE: SECONDS, or what is left less RESERVE if less
-    local most=$(($(left) - $2))
-    echo $(($1 < most ? $1 : most))
+budget_of() {  # budget_of SECONDS RESERVE: SECONDS, or what is left less RESERVE if less;
+    # 0 when under 10 s are left for the step (it is skipped: timeout 0 would set no limit)
+    local most=$(($(left) - $2)) budget
+    budget=$(($1 < most ? $1 : most))
+    echo $((budget < 10 ? 0 : budget))
 }
 
 step_line() {  # step_line NAME STATUS SECONDS: the step's own line in tests.jsonl
@@ -210,13 +209,14 @@ run_quick_tests() {
         step=${item%%:*}
         budget=$(budget_of "${item##*:}" 20)
         [ "$step" = gpu_scale ] && workers=()  # one process: about 40 GB a test
-        if [ "$budget" -lt 10 ]; then
+        if [ "$budget" -eq 0 ]; then
             echo "== $step: no time left"; step_line "$step" 124 0; STATUS=1; continue
         fi
         echo "== pytest tests/gpu -m $step (${workers[*]:-one process}), at most ${budget}s"
         start=$SECONDS
-        LAYERNORM_TEST_LOG="$OUT/tests.jsonl" timeout "$budget" "$PY" -m pytest tests/gpu -q \
-            -p no:cacheprovider "${workers[@]}" -m "$step" 2>&1 | tail -8
+        LAYERNORM_TEST_LOG="$OUT/tests.jsonl" timeout -k 10 "$budget" "$PY" -m pytest tests/gpu \
+            -q -p no:cacheprovider "${workers[@]}" -m "$step" 2>&1 | tee -a "$OUT/pytest.log" \
+            | tail -8
         rc=${PIPESTATUS[0]}
         step_line "$step" "$rc" $((SECONDS - start))
         check "$rc" "pytest -m $step"
@@ -230,9 +230,10 @@ print(' '.join(f'--shape {rows_for(n)}x{n}' for n in ($QUICK_NS)))")
     for n in "${QUICK_COMPILE_NS[@]}"; do compile+=(--compile-n "$n"); done
     [ -f "$OUT/bench.json" ] || cp "$QUICK_KEPT" "$OUT/bench.json" 2>/dev/null
     budget=$(budget_of "$QUICK_BENCH" "$QUICK_DECODE")
+    [ "$budget" -gt 0 ] || { echo "== bench: no time left"; STATUS=1; return; }
     echo "== layernorm bench --device cuda: RMSNorm and LayerNorm, bfloat16, at most ${budget}s"
     # shellcheck disable=SC2086  # $shapes is the words of the --shape options
-    timeout "$budget" "$PY" -m layernorm bench --device cuda --dtype bfloat16 --norm rms_norm \
+    timeout -k 10 "$budget" "$PY" -m layernorm bench --device cuda --dtype bfloat16 --norm rms_norm \
         --norm layer_norm $shapes "${compile[@]}" --out "$OUT/bench.json" --resume \
         > "$OUT/bench.log" 2>&1
     rc=$?
@@ -248,9 +249,10 @@ print(' '.join(f'--shape {rows_for(n)}x{n}' for n in ($QUICK_NS)))")
 run_decode() {
     local budget
     budget=$(budget_of "$QUICK_DECODE" 5)
+    [ "$budget" -gt 0 ] || { echo "== decode: no time left"; STATUS=1; return; }
     echo "== tools/gpu_decode.py, at most ${budget}s"
-    timeout "$budget" "$PY" tools/gpu_decode.py --out "$OUT/decode.json" 2>&1 | tail -16
-    check "${PIPESTATUS[0]}" "tools/gpu_decode.py"
+    timeout -k 5 "$budget" "$PY" tools/gpu_decode.py --out "$OUT/decode.json"
+    check $? "tools/gpu_decode.py"
 }
 
 show() {  # show [FILE]: the table of a results file (default $RESULTS, copied to $OUT)

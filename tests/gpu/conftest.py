@@ -173,7 +173,7 @@ def pytest_runtest_logreport(report):
         crash = getattr(report.longrepr, "reprcrash", None)
         message = (crash.message if crash is not None
                    else report.longrepr[2] if isinstance(report.longrepr, tuple)
-                   else str(report.longrepr).strip().splitlines()[-1])
+                   else (str(report.longrepr).strip().splitlines() or [""])[-1])
     outcome = report.outcome if report.when == "call" else f"{report.outcome} in {report.when}"
     with open(path, "a") as f:
         f.write(json.dumps({"test": report.nodeid, "outcome": outcome,

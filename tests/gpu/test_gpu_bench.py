@@ -360,6 +360,12 @@ def test_provider_discovery_absent_when_unimportable(monkeypatch):
         # --compile-n leaves torch.compile out at other row lengths, and only it
         assert [p.name for p in measuring.providers_for(norm, 256, compiled=False)[0]] == [
             "layernorm", "torch"]
+        # and the session asks for it at the row lengths --compile-n names alone
+        for compile_ns, N, has in ((frozenset({4096}), 256, False), (frozenset({256}), 256, True),
+                                   (None, 256, True)):
+            found = measuring.CudaSession.providers(SimpleNamespace(compile_ns=compile_ns),
+                                                    norm, N)[0]
+            assert ("torch.compile" in [p.name for p in found]) == has
         # neither library has an add + LayerNorm: nothing to miss there
         missed = [] if norm == "add_layer_norm" else ["liger", "quack"]
         assert [n.split(": ")[0] for n in notes] == missed

@@ -230,3 +230,74 @@ def test_the_session_script_refuses_an_unknown_step(tmp_path):
                          env={**os.environ, "OUT": str(tmp_path / "out")})
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith("usage: tools/gpu_session.sh tests|") and "quick" in res.stderr
+
+
+def test_the_decode_tool_keeps_each_row_as_it_comes(tmp_path, monkeypatch):
+    """Protects the decode step's results from its time limit: --out is rewritten after
+    every row, so a run stopped part way keeps the rows it measured."""
+    tool = _decode_tool()
+    done = []
+
+    def stops_at_the_third(fn, calls, rounds, sync):
+        if len(done) == 2:
+            raise KeyboardInterrupt  # as the step's time limit would stop it
+        done.append(1)
+        return [1.0, 2.0, 3.0]
+
+    monkeypatch.setattr(tool, "_per_call_eager", stops_at_the_third)
+    out = tmp_path / "decode.json"
+    with pytest.raises(KeyboardInterrupt):
+        tool.main(["--device", "cpu", "--calls", "1", "--rounds", "1", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["norm"], r["M"], r["provider"], r["us"]) for r in rows] == [
+        ("rms_norm", 1, "layernorm", 2.0), ("rms_norm", 1, "torch", 2.0)]
+
+
+def _pack(tmp_path, files: dict[str, bytes]) -> tuple[Path, Path, Path]:
+    """A tar.xz of ``files`` split in two halves, with its sha256sum line, as
+    tools/gpu_wheels.sh packs QuACK's site."""
+    import hashlib
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    whole = buf.getvalue()
+    first, second = tmp_path / "site.tar.xz.part00", tmp_path / "site.tar.xz.part01"
+    first.write_bytes(whole[:len(whole) // 2])
+    second.write_bytes(whole[len(whole) // 2:])
+    sums = tmp_path / "site.tar.xz.sha256"
+    sums.write_text(f"{hashlib.sha256(whole).hexdigest()}  site.tar.xz\n")
+    return first, second, sums
+
+
+def test_the_packed_site_unpacks_only_when_whole(tmp_path):
+    """Protects the peers' arrival on the GPU machine (tools/gpu_unpack.py, which
+    tools/gpu_session.sh runs once both halves are there): the halves joined unpack to the
+    packed files; a half that is not the packed one is refused with one line, exit status 1,
+    nothing unpacked; a wrong command line is its usage, exit status 2."""
+    tool = ROOT / "tools" / "gpu_unpack.py"
+    files = {"quack/__init__.py": b"VERSION = 1\n", "nvidia_cutlass_dsl/lib.so": bytes(range(256))}
+    first, second, sums = _pack(tmp_path, files)
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(tool), *map(str, args)], capture_output=True,
+                              text=True, check=False)
+
+    site = tmp_path / "site"
+    res = run(first, second, sums, site)
+    assert res.returncode == 0, res.stderr
+    assert {p.relative_to(site).as_posix(): p.read_bytes() for p in site.rglob("*")
+            if p.is_file()} == files
+    other = tmp_path / "other"
+    other.mkdir()
+    _, wrong, _ = _pack(other, {"quack/__init__.py": b"VERSION = 2\n"})
+    res = run(first, wrong, sums, tmp_path / "refused")
+    assert res.returncode == 1 and len(res.stderr.splitlines()) == 1
+    assert "do not match the SHA-256" in res.stderr and not (tmp_path / "refused").exists()
+    res = run(first, second)
+    assert res.returncode == 2 and res.stderr.startswith("usage: tools/gpu_unpack.py")

@@ -129,8 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "has measured and measure only the rest (a run cut short goes "
                              "on where it stopped)")
     parser.add_argument("--compile-n", action="append", type=count, metavar="N",
-                        help="with --device cuda: the torch.compile peer at these row lengths "
-                             "only (repeatable; default every N), since each N compiles anew")
+                        help="with --device cuda: the torch.compile peer only at these row "
+                             "lengths among those measured (repeatable; default every N), since "
+                             "each N compiles anew")
 
 
 def _not_runnable(norm: str, wanted: list[str]) -> dict[str, str]:

@@ -573,13 +573,15 @@ def _run_backward(
                 BLOCK=p.block, num_warps=p.num_warps,
             )
             # from y, each element holds more values than from x (the shift, the kept
-            # channels' xhat): at 16 warps the bfloat16 add-norm's reached 128 registers and
-            # spilled in its loop under triton 3.6; twice the warps halve each thread's share
+            # channels' xhat): twice the warps keep a thread's share within 64 registers
+            # without a spill under ptxas 12.8 and 12.9 (at 16 warps, 12.8 spills the
+            # bfloat16 add-norm's in its loop); float64's plan is left as it is
+            dx_warps = min(32, 2 * p.num_warps) if from_y and sdt != torch.float64 else (
+                p.num_warps)
             _bwd_long_dx_kernel[(chunks, col_blocks)](
                 dy, dh, xn, dx, dr, weight, shift, mean, rstd, kmap, kept, rmap, xhat_rows,
                 coef, dw_part, db_part, dy.stride(0), stride_dh, xn.stride(0), stride_kept,
-                stride_rows, M, D, rows_per_chunk, **flags, BLOCK=p.block,
-                num_warps=min(32, 2 * p.num_warps) if from_y else p.num_warps,
+                stride_rows, M, D, rows_per_chunk, **flags, BLOCK=p.block, num_warps=dx_warps,
             )
         else:
             _bwd_short_kernel[(chunks,)](
