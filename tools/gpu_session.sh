@@ -63,9 +63,19 @@ export PYTHONPATH="$PWD/src:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONP
 STATUS=0  # 1 if a step failed (a benchmark stopped at the time limit has not failed)
 left() { echo $((CALL_LIMIT - SECONDS)); }
 check() {  # check STATUS_OF_A_STEP NAME: a failure sets STATUS; the time limit is said
-    if [ "$1" -eq 124 ]; then
+    if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then
         echo "$2: stopped at the time limit, unfinished"
         STATUS=1
+    elif [ "$1" -ne 0 ]; then
+        STATUS=1
+    fi
+}
+
+bench_ended() {  # bench_ended STATUS WHAT_THEN: the log's end; a stop at the time limit (the
+    # rows measured are kept) is said, any other failure sets STATUS
+    tail -3 "$OUT/bench.log"
+    if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then
+        echo "bench: stopped at the time limit; $2"
     elif [ "$1" -ne 0 ]; then
         STATUS=1
     fi
@@ -154,13 +164,7 @@ run_bench() {
     echo "== layernorm bench --device cuda ${args[*]} --resume, at most ${budget}s"
     timeout "$budget" "$PY" -m layernorm bench --device cuda "${args[@]}" --resume \
         --out "$RESULTS" >> "$OUT/bench.log" 2>&1
-    local rc=$?
-    tail -3 "$OUT/bench.log"
-    if [ $rc -eq 124 ]; then
-        echo "stopped at the time limit: the next call goes on where it stopped"
-    elif [ $rc -ne 0 ]; then
-        STATUS=1
-    fi
+    bench_ended $? "the next call goes on where it stopped"
 }
 
 run_variants() {
@@ -237,13 +241,8 @@ print(' '.join(f'--shape {rows_for(n)}x{n}' for n in ($QUICK_NS)))")
         --norm layer_norm $shapes "${compile[@]}" --out "$OUT/bench.json" --resume \
         > "$OUT/bench.log" 2>&1
     rc=$?
-    tail -3 "$OUT/bench.log"
     cp "$OUT/bench.json" "$QUICK_KEPT" 2>/dev/null
-    if [ $rc -eq 124 ]; then
-        echo "bench: stopped at the time limit; its rows so far are in bench.json"
-    elif [ $rc -ne 0 ]; then
-        STATUS=1
-    fi
+    bench_ended $rc "its rows so far are in bench.json"
 }
 
 run_decode() {
