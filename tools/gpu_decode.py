@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -87,11 +86,6 @@ def _per_call_graph(fn, calls: int, rounds: int) -> list[float]:
     return out
 
 
-def _summary(times: list[float]) -> dict:
-    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
-    return {"us": statistics.median(times), "p20": q[1], "p80": q[7]}
-
-
 def measure(device: str, calls: int, rounds: int, out: Path, meta: dict) -> list[dict]:
     """One row per (norm, M, provider, mode): microseconds per call (p50, p20, p80), or the
     error that stopped it; ``out`` is rewritten (with ``meta``) after every row, so a run
@@ -130,7 +124,8 @@ def measure(device: str, calls: int, rounds: int, out: Path, meta: dict) -> list
                         with torch.no_grad():
                             times = (_per_call_eager(fn, calls, rounds, sync) if mode == "eager"
                                      else _per_call_graph(fn, calls, rounds))
-                        row = {**base, "mode": mode, **_summary(times)}
+                        p50, p20, p80 = gm._quantiles(times)
+                        row = {**base, "mode": mode, "us": p50, "p20": p20, "p80": p80}
                         detail = f"{row['us']:.2f} us a call ({row['p20']:.2f}-{row['p80']:.2f})"
                     except Exception as exc:  # capture may fail: the row says why
                         row = {**base, "mode": mode, "error": gm._one_line(exc)}

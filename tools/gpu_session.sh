@@ -85,20 +85,19 @@ install_wheels() {
     # Installs each thing once per machine ($SITE/.installed lists those already there, so a
     # later call of the same machine skips them): the wheels in .whl/ with pip, and QuACK's
     # packed site (tools/gpu_wheels.sh) once both of its halves, .whl/ and .whl-2/, are here
-    # (the second call brings the second; the first's waits in .gpu-run/).
+    # (the second call brings the second; .whl/, ignored by git, stays on the warm machine).
     [ -d .whl ] || [ -d .whl-2 ] || {
         echo "no .whl/: the peers are measured only where installed already"; return; }
     local done=$SITE/.installed wheels=() w part0 part1 name
     installed() { grep -qxF "$1" "$done" 2>/dev/null; }
-    mkdir -p "$SITE" .gpu-run
+    mkdir -p "$SITE"
     for w in .whl/*.whl; do [ -f "$w" ] && ! installed "$(basename "$w")" && wheels+=("$w"); done
     if [ ${#wheels[@]} -gt 0 ]; then
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$SITE" "${wheels[@]}" 2>&1 | grep -v "^WARNING: Target directory" | tail -5
         [ "${PIPESTATUS[0]}" -eq 0 ] && printf '%s\n' "${wheels[@]##*/}" >> "$done"
     fi
-    cp .whl/*.tar.xz.part00 .whl/*.tar.xz.sha256 .gpu-run/ 2>/dev/null  # kept for the next call
-    part0=$(ls .gpu-run/*.tar.xz.part00 2>/dev/null | head -1)
+    part0=$(ls .whl/*.tar.xz.part00 2>/dev/null | head -1)
     if [ -z "$part0" ]; then
         [ -d .whl-2 ] && echo "the second half of QuACK's site is here but not the first (a" \
             "fresh machine: the call before was not on this one): QuACK will not import"
@@ -111,7 +110,7 @@ install_wheels() {
         echo "only the first half of $name is here: QuACK will not import until the second call"
         return 0
     fi
-    "$PY" tools/gpu_unpack.py "$part0" "$part1" ".gpu-run/$name.sha256" "$SITE" \
+    "$PY" tools/gpu_unpack.py "$part0" "$part1" ".whl/$name.sha256" "$SITE" \
         && echo "$name" >> "$done"
 }
 
