@@ -33,13 +33,13 @@ def _args(norm, x, gamma, beta, residual=None):
 
 
 def _engine_block():
-    """The engine's block of channels (``kBlock`` in torch/csrc/engine.h)."""
+    """The engine's block of channels (``kBlock`` in engine/csrc/engine.h)."""
     import re
     from pathlib import Path
 
-    import layernorm.torch
+    import layernorm.engine
 
-    header = Path(layernorm.torch.__file__).with_name("csrc") / "engine.h"
+    header = Path(layernorm.engine.__file__).with_name("csrc") / "engine.h"
     return int(re.search(r"kBlock = (\d+);", header.read_text()).group(1))
 
 

@@ -1,15 +1,20 @@
 """Two trees of this project timed against each other in one run: the check that a change
 made nothing slower.
 
-    python tools/ab_trees.py --base REV [--new REV] [--rounds 9] [--threads 2] [--out FILE]
+    python tools/ab_trees.py --base REV [--new REV] [--rounds 9] [--threads 2] [--peer-shapes]
+                             [--out FILE]
 
 Checks REV out into a temporary worktree (and ``--new`` too, else the new tree is this one),
 then times the same calls of ``layernorm.torch`` on CPU tensors in the base tree and the new,
 one subprocess per tree and round, the trees alternating round by round (so both see the same
 machine over the same minutes): every norm's training forward and backward (default and
 memory-efficient) at the shapes of SHAPES in float32 and bfloat16, and the per-call cost of a
-decode step (8 rows of 4096). Each process warms every call first (a tree that compiles at
-first use does so there, untimed). Prints, per call, the median over rounds of each tree's
+decode step (8 rows of 4096); with ``--peer-shapes``, the eight named shapes of ``layernorm bench
+--peers`` instead (rows flattened), each in training and inference. A tree whose engine is
+built by ``layernorm build`` (no compile at import) gets it built first, into a folder of the
+run's (``LAYERNORM_ENGINE_DIR``); ``LAYERNORM_ISA`` in the environment picks its kernel set.
+Each process warms every call first (a tree that compiles at first use does so there,
+untimed). Prints, per call, the median over rounds of each tree's
 time per call and their ratio with its spread (new / base: below 1 is faster); ``--out``
 saves the rows as JSON.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -34,7 +40,7 @@ DECODE = (8, 4096)
 _SCRIPT = textwrap.dedent("""
     import json, sys, time, torch
     import layernorm.torch as lt
-    shapes, decode, threads, budget = json.loads(sys.argv[1])
+    shapes, decode, threads, budget, _ = json.loads(sys.argv[1])
     torch.set_num_threads(threads)
     out = {}
     def timed(name, fn):
@@ -46,7 +52,7 @@ _SCRIPT = textwrap.dedent("""
             if t > budget:
                 break
         out[name] = t / n
-    for (m, d) in shapes + [decode]:
+    for (m, d) in shapes + ([decode] if decode else []):
         for dt in (torch.float32, torch.bfloat16):
             g = torch.Generator().manual_seed(0)
             x = torch.randn(m, d, generator=g).to(dt).requires_grad_()
@@ -55,7 +61,7 @@ _SCRIPT = textwrap.dedent("""
             b = (0.1 * torch.randn(d, generator=g)).to(dt).requires_grad_()
             dy = torch.randn(m, d, generator=g).to(dt)
             tag = f"({m}, {d}) {str(dt)[6:]}"
-            if (m, d) == tuple(decode):
+            if decode and (m, d) == tuple(decode):
                 with torch.inference_mode():
                     timed(f"decode rms_norm {tag}", lambda: lt.rms_norm(x, d, w))
                     timed(f"decode add_rms_norm {tag}", lambda: lt.add_rms_norm(x, r, d, w))
@@ -74,8 +80,19 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+def _env(tree: Path, engines: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tree / "src"), "LAYERNORM_ENGINE_DIR": str(engines)}
+
+
+def _build(tree: Path, engines: Path) -> None:
+    """Build the tree's engine into `engines` where the tree builds it by command."""
+    if (tree / "src" / "layernorm" / "commands" / "build.py").exists():
+        subprocess.run([sys.executable, "-m", "layernorm", "build"], env=_env(tree, engines),
+                       check=True, cwd=tree)
+
+
 def _run(tree: Path, args: list) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    env = _env(tree, Path(args[-1]))
     done = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(args)], env=env,
                           capture_output=True, text=True, timeout=3600, cwd=tree)
     if done.returncode != 0:
@@ -90,8 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--budget", type=float, default=0.05, help="seconds per call and round")
+    p.add_argument("--peer-shapes", action="store_true",
+                   help="the eight named shapes of layernorm bench --peers")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    if args.peer_shapes:
+        from layernorm.bench.peers import SHAPES as PEERS
+
+        shapes = [[math.prod(s[:-1]), s[-1]] for s in PEERS.values()]
+        decode = None
+    else:
+        shapes, decode = [list(s) for s in SHAPES], list(DECODE)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         new = Path(tmp) / "new" if args.new else ROOT
@@ -100,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
                             rev], check=True, capture_output=True)
         try:
-            call = [[list(s) for s in SHAPES], list(DECODE), args.threads, args.budget]
+            engines = Path(tmp) / "engines"
+            for tree in (base, new):
+                _build(tree, engines)
+            call = [shapes, decode, args.threads, args.budget, str(engines)]
             _run(base, call)  # a first run builds and compiles what each tree needs
             _run(new, call)
             times: dict[str, dict[str, list[float]]] = {}
@@ -127,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         from layernorm.bench.machine import run_meta
 
         meta = {**run_meta(), "base": args.base, "new": args.new or "working tree",
-                "threads": args.threads, "rounds": args.rounds}
+                "threads": args.threads, "rounds": args.rounds,
+                "isa": os.environ.get("LAYERNORM_ISA", "") or "the widest this CPU runs"}
         results.save({"meta": meta, "rows": rows}, args.out)
         print(f"saved {args.out}")
     return 0

@@ -2,13 +2,16 @@
 
     python tools/first_calls.py [--out FILE]
 
-Each measurement runs in a fresh process with empty per-user caches (a temporary HOME, and
-TORCH_EXTENSIONS_DIR and XDG_CACHE_HOME in it), after the package's own build (``make``):
-the seconds ``import torch`` takes, then ``import layernorm.torch`` on top of it; and, in a new
-process per (norm, dtype, mode), the first forward and backward of the norm on a (64, 1024)
-input with weights, then the second. Prints a table and the goal's verdict per row: the
-import at most ``import torch`` + 1 s, a first call at most twice the second + 50 ms.
-``--out`` saves the rows as JSON.
+Each measurement runs in a fresh process as a user's first would, with the installed package
+(``make test`` installs the wheel): empty per-user caches (a temporary HOME, and
+TORCH_EXTENSIONS_DIR and XDG_CACHE_HOME in it), PATH reduced to the interpreter's folder and CXX
+unset (no compiler, no ninja), no LAYERNORM_ variable. It measures the seconds ``import torch``
+takes, then ``import layernorm.torch`` on top of it, and whether the engine was loaded; and, in
+a new process per (norm, dtype, mode), the first forward and backward of the norm on a
+(64, 1024) input with weights, then the second. A process that prints anything on stderr
+fails the run. Prints a table and the goal's verdict per row: the import at most ``import
+torch`` + 1 s, a first call at most twice the second + 50 ms. ``--out`` saves the rows as
+JSON.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ _IMPORT = textwrap.dedent("""
     t1 = time.perf_counter()
     import layernorm.torch
     t2 = time.perf_counter()
-    print(t1 - t0, t2 - t1)
+    from layernorm.torch import _ops
+    print(t1 - t0, t2 - t1, int(_ops.NATIVE))
 """)
 
 _CALLS = textwrap.dedent("""
@@ -61,13 +65,14 @@ _CALLS = textwrap.dedent("""
 
 
 def _fresh(script: str, *args: str, home: Path) -> list[float]:
-    env = {**os.environ, "HOME": str(home),
-           "TORCH_EXTENSIONS_DIR": str(home / "torch_extensions"),
-           "XDG_CACHE_HOME": str(home / "cache")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("LAYERNORM_") and k not in ("CXX", "PATH")}
+    env.update(HOME=str(home), TORCH_EXTENSIONS_DIR=str(home / "torch_extensions"),
+               XDG_CACHE_HOME=str(home / "cache"), PATH=str(Path(sys.executable).parent))
     done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
                           text=True, timeout=600)
-    if done.returncode != 0:
-        raise SystemExit(done.stderr.strip().splitlines()[-1])
+    if done.returncode != 0 or done.stderr:
+        raise SystemExit(f"first_calls: the process printed: {done.stderr.strip()}")
     return [float(v) for v in done.stdout.split()]
 
 
@@ -77,12 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        torch_s, ours_s = _fresh(_IMPORT, home=Path(tmp) / "import")
+        torch_s, ours_s, native = _fresh(_IMPORT, home=Path(tmp) / "import")
         ok = ours_s <= 1.0
         print(f"import torch {torch_s:.2f} s; import layernorm.torch after it {ours_s:.2f} s "
-              f"(goal <= 1 s: {'met' if ok else 'missed'})")
+              f"(goal <= 1 s: {'met' if ok else 'missed'}); the C++ engine "
+              f"{'loaded' if native else 'NOT loaded: the NumPy fallback runs'}")
         rows.append({"what": "import", "torch_s": torch_s, "layernorm_torch_s": ours_s,
-                     "met": ok})
+                     "engine": bool(native), "met": ok})
         print(f"{'norm':<16} {'dtype':<9} {'mode':<17} {'first ms':>9} {'second ms':>10}  goal")
         for norm in NORMS:
             for dtype in DTYPES:

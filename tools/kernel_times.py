@@ -68,7 +68,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if not _ops.NATIVE:
-        raise SystemExit("kernel_times: the C++ engine is not built here (make engine)")
+        raise SystemExit("kernel_times: the C++ engine is not loaded here (make test installs "
+                         "it; layernorm build builds it)")
     rng = np.random.default_rng(0)
     names = ("ours fwd", "torch fwd", "ours bwd", "torch bwd")
     result: dict = {"meta": {**run_meta(), "rounds": args.rounds}, "rows": []}

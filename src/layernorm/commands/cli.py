@@ -23,6 +23,7 @@ from . import one_line_errors, usage_error
 
 COMMANDS: dict[str, str] = {
     "bench": "layernorm.commands.bench",
+    "build": "layernorm.commands.build",
     "check": "layernorm.commands.check",
     "cost": "layernorm.commands.cost",
     "memory": "layernorm.commands.memory",

@@ -1,7 +1,7 @@
 """Fused CPU kernels for the family of norms: the NumPy API of :mod:`layernorm` with the same
 names and signatures, plus ``out=``, computed in one parallel pass over the rows.
 
-The kernels are the C++ engine's (``layernorm/torch/csrc``, the arrays handed over as tensors
+The kernels are the C++ engine's (``layernorm/engine/csrc``, the arrays handed over as tensors
 on the same memory, which needs torch: the extra ``fast``); where torch or the engine is
 missing, ``fallback`` computes the same outputs with the reference's arithmetic, and one warning
 says so. ``api`` holds the checked functions, ``module`` the stateful modules, ``statistics``

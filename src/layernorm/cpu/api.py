@@ -196,7 +196,7 @@ def _contiguous(a: np.ndarray, dtype: np.dtype | None = None) -> tuple[np.ndarra
 def _engine():
     """The C++ engine's entry points (``torch.ops.layernorm_cpu``), or None where torch or the
     engine is missing: then :mod:`.fallback` runs, and one warning says so (where torch is
-    present but the engine could not be built, :mod:`layernorm.torch._native` warned).
+    present but no engine fits, :mod:`layernorm.engine.loader` warned).
     Imported at the first call: importing torch costs a second or so, and ``import layernorm``
     needs NumPy alone."""
     global _torch

@@ -1,7 +1,7 @@
 """The engine's two entry points in NumPy, for a machine where the C++ engine cannot run.
 
 :func:`forward_into` and :func:`backward_into` take the arguments of the engine's
-``forward_into`` and ``backward_into`` (``torch/csrc/arrays.cpp``) as NumPy arrays of values and
+``forward_into`` and ``backward_into`` (``engine/csrc/arrays.cpp``) as NumPy arrays of values and
 fill the same outputs: y, h, the statistics (:mod:`.statistics`' layout), the checksums, dx,
 dresidual and the sums of dgamma and dbeta. The arithmetic is the reference's
 (:mod:`layernorm.reference`), so results agree with the engine's within the tolerance table,

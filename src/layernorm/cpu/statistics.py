@@ -10,7 +10,7 @@ One row of ``stats`` (M, NSTATS) float64 per row of x, its columns named here:
             rstd = RSTD * SCALE)
 
 so that xhat = ((x * SCALE - HI) - LO) * RSTD on every row. The C++ engine writes this layout
-(``kHi``, ``kLo``, ``kRstd``, ``kScale``, ``kStats`` in ``torch/csrc/engine.h``), the NumPy
+(``kHi``, ``kLo``, ``kRstd``, ``kScale``, ``kStats`` in ``engine/csrc/engine.h``), the NumPy
 fallback (:mod:`.fallback`) writes it, and the torch ops return it on CPU tensors.
 """
 

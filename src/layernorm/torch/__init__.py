@@ -12,9 +12,9 @@
     n = lt.replace_norms(model)                          # swap a model's norms in place:
                                                          # n.swapped, n.left by class
 
-CPU tensors run the C++ engine on the tensors' own memory (built once per machine:
-:mod:`._native`); CUDA tensors run the Triton kernels. float16, bfloat16, float32 and float64
-on both. Each function is a ``torch.library`` custom op with a fake implementation
+CPU tensors run the C++ engine on the tensors' own memory (compiled into the wheel:
+:mod:`layernorm.engine`); CUDA tensors run the Triton kernels. float16, bfloat16, float32 and
+float64 on both. Each function is a ``torch.library`` custom op with a fake implementation
 (``torch.compile(fullgraph=True)``), autograd (double backward included) and torch's
 autocast rule; under ``torch.func`` transforms (grad, vmap, jvp, jacrev, jacfwd, hessian) and
 forward-mode AD the functions take one Python autograd Function with a hand-derived jvp
@@ -23,7 +23,7 @@ forward-mode AD the functions take one Python autograd Function with a hand-deri
 keep each norm's output y instead of its input, which the next layer keeps anyway; its
 backward cannot be differentiated again.
 docs/torch.md has the details.
-Needs the extra ``torch`` (torch and ninja; triton for CUDA).
+Needs the extra ``torch`` (torch; triton for CUDA).
 """
 
 from __future__ import annotations

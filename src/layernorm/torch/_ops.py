@@ -8,7 +8,7 @@ keeps anyway) instead of x or h, and the backward recovers xhat from it. They no
 x (..., D) over its last axis, as M rows; the functions of :mod:`layernorm.torch` check the
 caller's arguments first. Each op runs
 
-* on CPU tensors, the C++ engine through the operator of ``csrc/`` (:mod:`._native`), or
+* on CPU tensors, the C++ engine through its operator (:mod:`layernorm.engine`), or
   where it cannot be built the NumPy fallback (:mod:`._fallback`);
 * on CUDA tensors, the Triton kernels (:mod:`layernorm.gpu.kernels`).
 
@@ -50,9 +50,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import recovery
+from ..cpu import memory
 from ..cpu.statistics import NSTATS
+from ..engine import loader
 from ..recovery import recovered_of, whole_rows
-from . import _fallback, _native
+from ..reference.quant import QUANT_DTYPES
+from . import _fallback
 from ._dtypes import compute_dtype
 
 __all__ = ["DOUBLE_BACKWARD", "NATIVE", "bwd", "bwd_y", "composite_backward", "fwd", "fwd_y",
@@ -356,9 +360,14 @@ for _name, _fn in triton_kernels:
 
 # --- CPU: the C++ operator, or the NumPy fallback ---------------------------------------
 
-NATIVE = _native.load()
+NATIVE = loader.load()
 """Whether the ops' CPU kernels are the C++ operator's (else the NumPy fallback's)."""
-if not NATIVE:
+if NATIVE:
+    # the output pool's cap, the recovery rule's margin, the quantized dtypes' limits
+    _quant = [QUANT_DTYPES[name] for name in ("int8", "float8_e4m3fn")]
+    torch.ops.layernorm_cpu._setup(memory.CAP_BYTES, recovery.MARGIN, [q.qmax for q in _quant],
+                                   [q.min_scale for q in _quant])
+else:
     _fallback.register(_LIB)
 
 

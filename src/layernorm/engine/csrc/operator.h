@@ -9,10 +9,15 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 
 #include "engine.h"
+
+namespace torch {
+class Library;
+}  // namespace torch
 
 namespace layernorm::op {
 
@@ -27,6 +32,16 @@ using Tensors8 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tens
 // microseconds, a row of 4096 float32 is about half a microsecond of arithmetic (eight such
 // rows took 8.5 us on 2 threads against 9.8 us on one).
 constexpr int64_t kSerialElements = int64_t(1) << 14;
+
+// The kernels of the instruction set chosen at load: the widest this CPU runs, or `forced`
+// (LAYERNORM_ISA), from kernels-<set>.so in `folder`; its name. Once chosen, the ops' CPU
+// kernels are registered (register_cpu, register_autograd). A CPU that runs no set, a set
+// this CPU cannot run or an unknown one is a ValueError saying so; nothing is registered.
+std::string select_kernels(const std::string& folder, const std::string& forced);
+// The chosen set's kernels (an error before one is chosen).
+const engine::Kernels& kernels();
+void register_cpu(torch::Library& m);       // cpu_ops.cpp
+void register_autograd(torch::Library& m);  // autograd.cpp
 
 // Where the kernels compute: float64 for float64, else float32; and the widest of three.
 ScalarType compute(ScalarType t);

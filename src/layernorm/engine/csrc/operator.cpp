@@ -3,13 +3,17 @@
 
 #include "operator.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <torch/library.h>
 
 #include <atomic>
 #include <functional>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -17,7 +21,73 @@ namespace layernorm::op {
 namespace {
 double g_margin = 4.0;
 QuantLimits g_quant[2] = {{0.0, 0.0}, {0.0, 0.0}};  // int8, float8_e4m3fn: set by _setup
+const engine::Kernels* g_kernels = nullptr;         // set once by select_kernels
 }  // namespace
+
+// --- the kernel set ----------------------------------------------------------------------
+// The instruction sets the engine is built for, the widest first, each with the test of the
+// CPU (and its operating system) that it may run: x86-64-v3 has AVX2, FMA, F16C, BMI2;
+// x86-64-v4 adds AVX-512 F, BW, CD, DQ and VL. A CPU with neither (x86-64-v2) would round
+// mul_add twice where the kernels fuse it, and get other bits: it gets no kernel set.
+struct KernelSet {
+  const char* name;
+  bool (*runs_here)();
+};
+const KernelSet kSets[] = {
+    {"x86-64-v4", [] { return __builtin_cpu_supports("x86-64-v4") != 0; }},
+    {"x86-64-v3", [] { return __builtin_cpu_supports("x86-64-v3") != 0; }},
+};
+
+const engine::Kernels& kernels() {
+  TORCH_CHECK(g_kernels != nullptr, "layernorm: the engine's kernel set is not loaded");
+  return *g_kernels;
+}
+
+std::string select_kernels(const std::string& folder, const std::string& forced) {
+  static std::mutex once;
+  std::lock_guard<std::mutex> lock(once);
+  if (g_kernels != nullptr) {
+    TORCH_CHECK_VALUE(forced.empty() || forced == g_kernels->set, "layernorm: the kernel set ",
+                      g_kernels->set, " is loaded already; ", forced, " cannot replace it");
+    return g_kernels->set;
+  }
+  __builtin_cpu_init();
+  const KernelSet* chosen = nullptr;
+  std::string names;
+  for (const KernelSet& s : kSets) {
+    names += (names.empty() ? "" : ", ") + std::string(s.name);
+    if (forced.empty() ? s.runs_here() : forced == s.name) {
+      chosen = &s;
+      break;
+    }
+  }
+  TORCH_CHECK_VALUE(chosen != nullptr || forced.empty(), "LAYERNORM_ISA=", forced,
+                    " names no kernel set of the engine (", names, ")");
+  TORCH_CHECK_VALUE(chosen != nullptr, "this CPU has neither AVX-512 (x86-64-v4) nor AVX2 "
+                    "with FMA (x86-64-v3), which the engine's kernels need");
+  TORCH_CHECK_VALUE(chosen->runs_here(), "LAYERNORM_ISA=", forced, " asks for a kernel set "
+                    "this CPU cannot run");
+  const std::string path = folder + "/kernels-" + chosen->name + ".so";
+  // Loaded alone and locally: its symbols (all hidden but the table's entry) resolve nothing
+  // outside it, and it is never unloaded.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(handle != nullptr, "layernorm: cannot load ", path, ": ", dlerror());
+  auto entry = reinterpret_cast<engine::KernelsEntry>(dlsym(handle, engine::kKernelsSymbol));
+  TORCH_CHECK(entry != nullptr, "layernorm: ", path, " has no ", engine::kKernelsSymbol);
+  const engine::Kernels* table = entry();
+  TORCH_CHECK(table->size == sizeof(engine::Kernels) && std::string(table->set) == chosen->name,
+              "layernorm: ", path, " holds another engine's kernels");
+  g_kernels = table;
+  // The ops' CPU and autograd kernels, registered now that there is a set to run them (kept
+  // for the life of the process, as TORCH_LIBRARY_IMPL's registrations are).
+  static auto* cpu = new torch::Library(torch::Library::IMPL, "layernorm",
+                                        c10::DispatchKey::CPU, __FILE__, __LINE__);
+  static auto* autograd = new torch::Library(torch::Library::IMPL, "layernorm",
+                                             c10::DispatchKey::AutogradCPU, __FILE__, __LINE__);
+  register_cpu(*cpu);
+  register_autograd(*autograd);
+  return g_kernels->set;
+}
 
 double margin() { return g_margin; }
 
@@ -216,12 +286,12 @@ void run_forward(const engine::Forward& a, int64_t serial_elements, const RowsHo
   const int64_t step = std::max<int64_t>(1, kHookBytes / (8 * a.d));
   parallel(0, a.m, grain(a.d, serial_elements), [&](int64_t i0, int64_t i1) {
     if (!after) {
-      engine::forward_rows(a, i0, i1);
+      kernels().forward_rows(a, i0, i1);
       return;
     }
     for (int64_t s = i0; s < i1; s += step) {
       const int64_t e = std::min(i1, s + step);
-      engine::forward_rows(a, s, e);
+      kernels().forward_rows(a, s, e);
       after(a, s, e);
     }
   });
@@ -240,12 +310,13 @@ void run_chunks(engine::Backward a, const Tensor& sums, int64_t serial_elements)
   Tensor partial = at::empty({c, 2, a.d}, at::dtype(at::kDouble));
   a.partial = partial.mutable_data_ptr<double>();
   std::atomic<bool> ran{true};
+  const engine::Kernels& k = kernels();
   parallel(0, c, a.m * a.d < serial_elements ? c : 1, [&](int64_t c0, int64_t c1) {
-    if (!engine::backward_chunks(a, c0, c1)) ran = false;
+    if (!k.backward_chunks(a, c0, c1)) ran = false;
   });
   TORCH_CHECK(ran, "layernorm: no CPU kernel for these dtypes: dy must compute in scale's dtype, "
               "and in the default mode the rows too");
-  engine::reduce_chunks(a.partial, out, c, a.d);
+  k.reduce_chunks(a.partial, out, c, a.d);
 }
 
 // The indices t (n,) int64 must be ascending and in [0, top): the kernel indexes rows or

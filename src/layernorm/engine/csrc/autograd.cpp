@@ -235,13 +235,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fwd_autograd(
 }
 
 }  // namespace
-}  // namespace layernorm::op
 
-namespace {
-using namespace layernorm::op;  // NOLINT: the autograd kernels below
-}  // namespace
-
-TORCH_LIBRARY_IMPL(layernorm, AutogradCPU, m) {
+void register_autograd(torch::Library& m) {
   m.impl("fwd", fwd_autograd);
   m.impl("fwd_y", fwd_y_autograd);
 }
+
+}  // namespace layernorm::op

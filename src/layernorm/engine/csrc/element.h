@@ -24,7 +24,11 @@
 
 #include "engine.h"
 
-namespace layernorm::engine {
+#ifndef LAYERNORM_ISA
+#error "the kernel files are compiled once per instruction set, with -DLAYERNORM_ISA=<v3|v4>"
+#endif
+
+namespace layernorm::engine::LAYERNORM_ISA {
 
 struct Half {
   uint16_t bits;
@@ -362,4 +366,4 @@ constexpr int hash_vectors() {
 template <typename S, int L>
 constexpr int kHashVectors = hash_vectors<S, L>();
 
-}  // namespace layernorm::engine
+}  // namespace layernorm::engine::LAYERNORM_ISA

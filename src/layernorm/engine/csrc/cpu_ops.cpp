@@ -98,8 +98,9 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x, const OptTensor& res
                           add ? dtype_of(rc.scalar_type()) : engine::Dtype::none,
                           add ? dtype_of(hdt) : engine::Dtype::none};
   if (quant) {
+    const engine::Kernels& k = kernels();
     parallel(0, m, grain(d), [&](int64_t i0, int64_t i1) {
-      engine::quantize_rows(a, *quant, i0, i1);
+      k.quantize_rows(a, *quant, i0, i1);
     });
   } else {
     run_forward(a, kSerialElements, after);
@@ -494,13 +495,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_y_cpu(
 }
 
 }  // namespace
-}  // namespace layernorm::op
 
-namespace {
-using namespace layernorm::op;  // NOLINT: the ops' kernels below
-}  // namespace
-
-TORCH_LIBRARY_IMPL(layernorm, CPU, m) {
+void register_cpu(torch::Library& m) {
   m.impl("fwd", fwd_cpu);
   m.impl("bwd", bwd_cpu);
   m.impl("norm", norm_cpu);
@@ -510,3 +506,4 @@ TORCH_LIBRARY_IMPL(layernorm, CPU, m) {
   m.impl("bwd_y", bwd_y_cpu);
 }
 
+}  // namespace layernorm::op

@@ -2,8 +2,13 @@
 // row chunks) of one tensor, which the caller splits over its threads. The arithmetic is
 // stated in docs/cpu-kernels.md; this header names each kernel's arguments.
 //
-// The kernel files include this header and element.h only (no torch headers), so that each
-// compiles in seconds; the operator (cpu_ops.cpp) fills the structures from tensors.
+// The kernel files (forward.cpp, backward.cpp, kernels.cpp) include this header and element.h
+// only (no torch headers), so that each compiles in seconds. They are compiled once per
+// instruction set (x86-64-v3: AVX2 and FMA; x86-64-v4: AVX-512), each set into a shared object
+// of its own, in a namespace of its own (LAYERNORM_ISA), with every symbol hidden but the one
+// that hands out its table of kernels (Kernels): no inline or template instance compiled for
+// one set can serve another. The operator (cpu_ops.cpp) fills the structures from tensors and
+// calls the kernels of the set chosen at load (operator.cpp, select_kernels).
 #pragma once
 
 #include <cstdint>
@@ -62,8 +67,6 @@ struct Forward {
   Dtype x_dtype, residual_dtype, h_dtype;  // residual_dtype and h_dtype none for a plain norm
 };
 
-// Rows i0 <= i < i1 of a forward.
-void forward_rows(const Forward& a, int64_t i0, int64_t i1);
 
 // The quantized dtypes of a norm's output.
 enum class QDtype : int8_t { int8, float8_e4m3fn };
@@ -83,8 +86,6 @@ struct Quantize {
   QDtype dtype;
 };
 
-// Rows i0 <= i < i1 of a forward (its y null) with their y quantized as `q` says.
-void quantize_rows(const Forward& a, const Quantize& q, int64_t i0, int64_t i1);
 
 // What the memory-efficient backward reads in place of x: xhat_j = (y_j - shift_j) / scale_j on
 // the recovered channels, the forward's xhat on the k channels `keep` names (kept, (M, k) T)
@@ -122,17 +123,44 @@ struct Backward {
   Dtype src_dtype, dy_dtype, dh_dtype, dx_dtype, dres_dtype, t_dtype;
 };
 
-// Chunks c0 <= c < c1 of a backward; false (nothing done) for dtypes it has no kernel for: dy's
-// must compute in T, and in the default mode src's too.
-bool backward_chunks(const Backward& a, int64_t c0, int64_t c1);
 
-// out (2, D) = the sum over chunks of partial (C, 2, D), in chunk order.
-void reduce_chunks(const double* partial, double* out, int64_t c, int64_t d);
-
-// dst = src, n items of `itemsize` bytes, [i0, i1) of its blocks of kCopyBlock items: the
-// bandwidth yardstick, with ordinary stores as the kernels' (each written line is read first).
+// The items of a copy's block (Kernels::copy_blocks).
 constexpr int64_t kCopyBlock = 1 << 14;
-void copy_blocks(const void* src, void* dst, int64_t n, int64_t itemsize, int64_t b0,
-                 int64_t b1);
+
+// The kernels of one instruction set.
+struct Kernels {
+  uint32_t size;    // sizeof(Kernels) where the set was built: a table of another layout is refused
+  const char* set;  // the instruction set, as -march names it ("x86-64-v3")
+  // Rows i0 <= i < i1 of a forward.
+  void (*forward_rows)(const Forward& a, int64_t i0, int64_t i1);
+  // Rows i0 <= i < i1 of a forward (its y null) with their y quantized as `q` says.
+  void (*quantize_rows)(const Forward& a, const Quantize& q, int64_t i0, int64_t i1);
+  // Chunks c0 <= c < c1 of a backward; false (nothing done) for dtypes it has no kernel for:
+  // dy's must compute in T, and in the default mode src's too.
+  bool (*backward_chunks)(const Backward& a, int64_t c0, int64_t c1);
+  // out (2, D) = the sum over chunks of partial (C, 2, D), in chunk order.
+  void (*reduce_chunks)(const double* partial, double* out, int64_t c, int64_t d);
+  // dst = src, n items of `itemsize` bytes, [b0, b1) of its blocks of kCopyBlock items: the
+  // bandwidth yardstick, with ordinary stores as the kernels' (each written line is read
+  // first).
+  void (*copy_blocks)(const void* src, void* dst, int64_t n, int64_t itemsize, int64_t b0,
+                      int64_t b1);
+};
+
+// The one symbol a kernel set's shared object exports: `const Kernels* layernorm_kernels()`.
+constexpr const char* kKernelsSymbol = "layernorm_kernels";
+using KernelsEntry = const Kernels* (*)();
 
 }  // namespace layernorm::engine
+
+#ifdef LAYERNORM_ISA
+// In a kernel set's files: the kernels, in the set's own namespace (kernels.cpp tables them).
+namespace layernorm::engine::LAYERNORM_ISA {
+void forward_rows(const Forward& a, int64_t i0, int64_t i1);
+void quantize_rows(const Forward& a, const Quantize& q, int64_t i0, int64_t i1);
+bool backward_chunks(const Backward& a, int64_t c0, int64_t c1);
+void reduce_chunks(const double* partial, double* out, int64_t c, int64_t d);
+void copy_blocks(const void* src, void* dst, int64_t n, int64_t itemsize, int64_t b0,
+                 int64_t b1);
+}  // namespace layernorm::engine::LAYERNORM_ISA
+#endif

@@ -162,8 +162,9 @@ void copy_into(const Tensor& src, const Tensor& dst) {
   const void* sp = src.const_data_ptr();
   void* dp = dst.mutable_data_ptr();
   const int64_t itemsize = src.element_size();
+  const engine::Kernels& k = kernels();
   parallel(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    engine::copy_blocks(sp, dp, n, itemsize, b0, b1);
+    k.copy_blocks(sp, dp, n, itemsize, b0, b1);
   });
 }
 
@@ -185,6 +186,7 @@ TORCH_LIBRARY_FRAGMENT(layernorm_cpu, m) {
         "Tensor? xrows, bool centred, Tensor(a!) dx, Tensor(b!)? dres, Tensor(c!) sums, "
         "Tensor(d!)? ok, int serial_elements) -> ()",
         backward_into);
+  m.def("_select(str folder, str forced) -> str", select_kernels);
   m.def("_setup(int pool_bytes, float margin, float[] qmax, float[] min_scale) -> ()", setup);
   m.def("_pool_bytes() -> int", pool_bytes);
   m.def("_n_chunks(int m) -> int", engine::n_chunks);

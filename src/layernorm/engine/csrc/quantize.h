@@ -21,7 +21,7 @@
 #include "element.h"
 #include "engine.h"
 
-namespace layernorm::engine {
+namespace layernorm::engine::LAYERNORM_ISA {
 
 template <typename V>
 struct Bits {
@@ -156,4 +156,4 @@ void quantize_row(const Quantize& a, int64_t i, const V* y, int64_t d) {
   }
 }
 
-}  // namespace layernorm::engine
+}  // namespace layernorm::engine::LAYERNORM_ISA

@@ -22,7 +22,7 @@
 #include "engine.h"
 #include "quantize.h"
 
-namespace layernorm::engine {
+namespace layernorm::engine::LAYERNORM_ISA {
 namespace {
 
 // dst[j0:j1] = src[j0:j1] by an element loop (never turned into a call of memcpy, whose large
@@ -378,4 +378,4 @@ void copy_blocks(const void* src, void* dst, int64_t n, int64_t itemsize, int64_
   }
 }
 
-}  // namespace layernorm::engine
+}  // namespace layernorm::engine::LAYERNORM_ISA

@@ -26,7 +26,7 @@
 #include "element.h"
 #include "engine.h"
 
-namespace layernorm::engine {
+namespace layernorm::engine::LAYERNORM_ISA {
 namespace {
 
 struct None {};  // an absent array's type
@@ -659,4 +659,4 @@ void reduce_chunks(const double* partial, double* out, int64_t c, int64_t d) {
   }
 }
 
-}  // namespace layernorm::engine
+}  // namespace layernorm::engine::LAYERNORM_ISA
