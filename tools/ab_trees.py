@@ -2,7 +2,7 @@
 made nothing slower.
 
     python tools/ab_trees.py --base REV [--new REV] [--rounds 9] [--threads 2] [--peer-shapes]
-                             [--out FILE]
+                             [--only TEXT ...] [--out FILE]
 
 Checks REV out into a temporary worktree (and ``--new`` too, else the new tree is this one),
 then times the same calls of ``layernorm.torch`` on CPU tensors in the base tree and the new,
@@ -11,11 +11,12 @@ machine over the same minutes): every norm's training forward and backward (defa
 memory-efficient) at the shapes of SHAPES in float32 and bfloat16, and the per-call cost of a
 decode step (8 rows of 4096); with ``--peer-shapes``, the eight named shapes of ``layernorm bench
 --peers`` instead (rows flattened), each in training and inference. A tree whose engine is
-built by ``layernorm build`` (no compile at import) gets it built first, into a folder of the
-run's (``LAYERNORM_ENGINE_DIR``); ``LAYERNORM_ISA`` in the environment picks its kernel set.
-Each process warms every call first (a tree that compiles at first use does so there,
-untimed). Prints, per call, the median over rounds of each tree's
-time per call and their ratio with its spread (new / base: below 1 is faster); ``--out``
+built by ``layernorm build`` (no compile at import) gets it built first, into a folder of its
+own (``LAYERNORM_ENGINE_DIR``; a tree that builds at import builds into its own too);
+``LAYERNORM_ISA`` in the environment picks its kernel set. A process that would time the NumPy
+fallback stops the run. Each process warms every call first (a tree that compiles at first
+use does so there, untimed). Prints, per call, the median over rounds of each tree's time per
+call and their ratio with its spread (new / base: below 1 is faster); ``--out``
 saves the rows as JSON.
 """
 
@@ -40,10 +41,15 @@ DECODE = (8, 4096)
 _SCRIPT = textwrap.dedent("""
     import json, sys, time, torch
     import layernorm.torch as lt
-    shapes, decode, threads, budget, _ = json.loads(sys.argv[1])
+    from layernorm.torch import _ops
+    if not _ops.NATIVE:
+        raise SystemExit("the C++ engine is not loaded: the NumPy fallback would be timed")
+    shapes, decode, threads, budget, only = json.loads(sys.argv[1])
     torch.set_num_threads(threads)
     out = {}
     def timed(name, fn):
+        if only and not any(o in name for o in only):
+            return
         fn(); fn()
         n, t0 = 0, time.perf_counter()
         while True:
@@ -91,8 +97,8 @@ def _build(tree: Path, engines: Path) -> None:
                        check=True, cwd=tree)
 
 
-def _run(tree: Path, args: list) -> dict[str, float]:
-    env = _env(tree, Path(args[-1]))
+def _run(tree: Path, engines: Path, args: list) -> dict[str, float]:
+    env = _env(tree, engines)
     done = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(args)], env=env,
                           capture_output=True, text=True, timeout=3600, cwd=tree)
     if done.returncode != 0:
@@ -109,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=0.05, help="seconds per call and round")
     p.add_argument("--peer-shapes", action="store_true",
                    help="the eight named shapes of layernorm bench --peers")
+    p.add_argument("--only", action="append",
+                   help="time only the calls whose name contains this (repeatable)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.peer_shapes:
@@ -126,16 +134,17 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
                             rev], check=True, capture_output=True)
         try:
-            engines = Path(tmp) / "engines"
-            for tree in (base, new):
-                _build(tree, engines)
-            call = [shapes, decode, args.threads, args.budget, str(engines)]
-            _run(base, call)  # a first run builds and compiles what each tree needs
-            _run(new, call)
+            # each tree's engine in a folder of its own: a tree may clear others' builds
+            engines = {"base": Path(tmp) / "engines-base", "new": Path(tmp) / "engines-new"}
+            _build(base, engines["base"])
+            _build(new, engines["new"])
+            call = [shapes, decode, args.threads, args.budget, args.only]
+            _run(base, engines["base"], call)  # a first run builds what each tree needs
+            _run(new, engines["new"], call)
             times: dict[str, dict[str, list[float]]] = {}
             for k in range(args.rounds):
                 for name, tree in (("base", base), ("new", new)):
-                    for key, t in _run(tree, call).items():
+                    for key, t in _run(tree, engines[name], call).items():
                         times.setdefault(key, {"base": [], "new": []})[name].append(t)
                 print(f"round {k + 1} of {args.rounds} done", file=sys.stderr, flush=True)
         finally:
@@ -156,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         from layernorm.bench.machine import run_meta
 
         meta = {**run_meta(), "base": args.base, "new": args.new or "working tree",
-                "threads": args.threads, "rounds": args.rounds,
+                "threads": args.threads, "rounds": args.rounds, "only": args.only,
                 "isa": os.environ.get("LAYERNORM_ISA", "") or "the widest this CPU runs"}
         results.save({"meta": meta, "rows": rows}, args.out)
         print(f"saved {args.out}")

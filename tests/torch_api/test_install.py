@@ -297,3 +297,21 @@ def test_an_engine_built_for_another_torch_is_refused_in_one_line(tmp_path):
     assert len(warned) == 1
     assert f"built for torch 2.99, and torch {torch.__version__} is imported" in warned[0]
     assert "`layernorm build`" in warned[0] and "NumPy fallback" in warned[0]
+
+
+def test_the_build_refuses_a_kernel_object_that_runs_code_at_load(tmp_path):
+    """Protects the kernel sets' loading: an object with a dynamic initialiser (code run when
+    its library is loaded, here a global initialised by a call) is refused with a BuildError
+    naming it; one with only constants and functions passes."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++ here")
+    sources = {"static.cpp": "int f(); int x = f();\n",
+               "plain.cpp": "constexpr int k = 3; int f() { return k; }\n"}
+    for name, text in sources.items():
+        (tmp_path / name).write_text(text)
+        subprocess.run([gxx, "-c", "-O2", "-fPIC", name, "-o", name.replace(".cpp", ".o")],
+                       cwd=tmp_path, check=True)
+    build.check_no_initialisers([tmp_path / "plain.o"])
+    with pytest.raises(build.BuildError, match=r"static\.o runs code when loaded \(\.init_array"):
+        build.check_no_initialisers([tmp_path / "plain.o", tmp_path / "static.o"])

@@ -20,6 +20,7 @@ compiler; g++ by default).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import count
@@ -47,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"layernorm build: the engine could not be built: {exc}. To fix: "
               f"{build.REMEDIES}", file=sys.stderr)
         return 1
+    if os.environ.get("LAYERNORM_NO_CPP") == "1":
+        print(f"built: {folder}; LAYERNORM_NO_CPP=1 is set, so imports run the NumPy fallback "
+              "until it is unset")
+        return 0
     from ..torch import _ops
 
     if not _ops.NATIVE:

@@ -212,6 +212,17 @@ def _sections(path: Path) -> set[str]:
     return names
 
 
+def check_no_initialisers(objects: list[Path]) -> None:
+    """Raise BuildError for an object that would run code when its library is loaded (a
+    dynamic initialiser: .init_array or .ctors), which a kernel set may not: a CPU without
+    the set's instructions loads it too, to learn that it cannot run it."""
+    for obj in objects:
+        found = _sections(obj) & {".init_array", ".ctors"}
+        if found:
+            raise BuildError(f"{obj.name} runs code when loaded ({', '.join(sorted(found))}): "
+                             "a kernel file may hold no dynamic initialiser")
+
+
 def _run(step: Step, work: Path) -> float:
     """Run one step in `work`; its seconds. Its output is renamed into place only when its
     command succeeds, so that a killed build leaves no half-written file under that name."""
@@ -317,10 +328,7 @@ def _build_into(final: Path, torch_version: str, jobs: int | None,
             raise
     for step in steps:
         if step.inputs and step.output.startswith("kernels-"):
-            for obj in step.inputs:
-                if ".init_array" in _sections(work / obj) or ".ctors" in _sections(work / obj):
-                    raise BuildError(f"{obj} runs code when loaded (.init_array): a kernel "
-                                     "file may hold no dynamic initialiser")
+            check_no_initialisers([work / obj for obj in step.inputs])
     for step in (s for s in todo if s.inputs):
         seconds = _run(step, work)
         count += 1

@@ -140,6 +140,11 @@ struct Kernels {
   bool (*backward_chunks)(const Backward& a, int64_t c0, int64_t c1);
   // out (2, D) = the sum over chunks of partial (C, 2, D), in chunk order.
   void (*reduce_chunks)(const double* partial, double* out, int64_t c, int64_t d);
+  // dst (n,) in the compute dtype t (f32 or f64) = src (n,) of dtype `from`, each value rounded
+  // once to t, then plus one (in t) where asked: a parameter's row for one call (gamma, or
+  // 1 + gamma for zero-centred gamma; beta).
+  void (*compute_row)(const void* src, Dtype from, void* dst, Dtype t, int64_t n,
+                      bool plus_one);
   // dst = src, n items of `itemsize` bytes, [b0, b1) of its blocks of kCopyBlock items: the
   // bandwidth yardstick, with ordinary stores as the kernels' (each written line is read
   // first).
@@ -160,6 +165,7 @@ void forward_rows(const Forward& a, int64_t i0, int64_t i1);
 void quantize_rows(const Forward& a, const Quantize& q, int64_t i0, int64_t i1);
 bool backward_chunks(const Backward& a, int64_t c0, int64_t c1);
 void reduce_chunks(const double* partial, double* out, int64_t c, int64_t d);
+void compute_row(const void* src, Dtype from, void* dst, Dtype t, int64_t n, bool plus_one);
 void copy_blocks(const void* src, void* dst, int64_t n, int64_t itemsize, int64_t b0,
                  int64_t b1);
 }  // namespace layernorm::engine::LAYERNORM_ISA

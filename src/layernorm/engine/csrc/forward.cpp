@@ -362,6 +362,26 @@ void quantize_rows(const Forward& a, const Quantize& q, int64_t i0, int64_t i1) 
   });
 }
 
+void compute_row(const void* src, Dtype from, void* dst, Dtype t, int64_t n, bool plus_one) {
+  auto as = [&](auto zero) {
+    using T = std::decay_t<decltype(zero)>;
+    T* out = static_cast<T*>(dst);
+    with_dtype(from, [&](auto s) {
+      using S = std::decay_t<decltype(s)>;
+      const S* in = static_cast<const S*>(src);
+      for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(load(in[j]));
+    });
+    if (plus_one) {
+      for (int64_t j = 0; j < n; ++j) out[j] = out[j] + T(1);
+    }
+  };
+  if (t == Dtype::f64) {
+    as(0.0);
+  } else {
+    as(0.0f);
+  }
+}
+
 void copy_blocks(const void* src, void* dst, int64_t n, int64_t itemsize, int64_t b0,
                  int64_t b1) {
   auto run = [&](auto zero) {

@@ -15,7 +15,7 @@ namespace {
 namespace set = layernorm::engine::LAYERNORM_ISA;
 constexpr layernorm::engine::Kernels kTable{
     sizeof(layernorm::engine::Kernels), LAYERNORM_SET(LAYERNORM_ISA), &set::forward_rows,
-    &set::quantize_rows,  &set::backward_chunks, &set::reduce_chunks, &set::copy_blocks};
+    &set::quantize_rows,  &set::backward_chunks, &set::reduce_chunks, &set::compute_row, &set::copy_blocks};
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const layernorm::engine::Kernels*

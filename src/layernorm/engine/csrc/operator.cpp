@@ -119,27 +119,18 @@ const void* param_row(const OptTensor& p, int64_t d, ScalarType cdt, bool plus_o
   thread_local std::vector<double> buffers[2];
   std::vector<double>& buf = buffers[slot];
   buf.resize(static_cast<size_t>(d));
-  auto fill_as = [&](auto zero) {
-    using T = decltype(zero);
-    T* out = reinterpret_cast<T*>(buf.data());
-    if (!p.has_value()) {
-      std::fill(out, out + d, static_cast<T>(fill));
-      return;
+  if (!p.has_value()) {
+    if (cdt == ScalarType::Double) {
+      std::fill(buf.begin(), buf.end(), fill);
+    } else {
+      float* out = reinterpret_cast<float*>(buf.data());
+      std::fill(out, out + d, static_cast<float>(fill));
     }
-    const Tensor pc = p->contiguous();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pc.scalar_type(), "param", [&] {
-      const scalar_t* in = pc.const_data_ptr<scalar_t>();
-      for (int64_t j = 0; j < d; ++j) out[j] = static_cast<T>(static_cast<double>(in[j]));
-      if (plus_one) {
-        for (int64_t j = 0; j < d; ++j) out[j] = out[j] + T(1);
-      }
-    });
-  };
-  if (cdt == ScalarType::Double) {
-    fill_as(0.0);
-  } else {
-    fill_as(0.0f);
+    return buf.data();
   }
+  const Tensor pc = p->contiguous();
+  kernels().compute_row(pc.const_data_ptr(), dtype_of(pc.scalar_type()), buf.data(),
+                        dtype_of(cdt), d, plus_one);
   return buf.data();
 }
 
