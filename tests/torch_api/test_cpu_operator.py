@@ -22,7 +22,7 @@ from layernorm.family import NORMS  # noqa: E402
 from layernorm.tolerances import assert_close  # noqa: E402
 from layernorm.torch import _ops  # noqa: E402
 
-needs_native = pytest.mark.skipif(not _ops.NATIVE, reason="the C++ operator is not built here")
+needs_native = pytest.mark.skipif(not _ops.NATIVE, reason="the C++ engine is not loaded here")
 
 # Every norm forward and backward in float32 and bfloat16 (with a float32 residual stream):
 # the script saves the results (and whether each is a parameter's gradient) to the file named

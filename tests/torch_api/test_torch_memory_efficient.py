@@ -41,7 +41,7 @@ from layernorm.torch import _fallback, _ops  # noqa: E402
 from layernorm.torch._dtypes import compute_dtype  # noqa: E402
 
 FAMILY = list(NORMS)
-needs_native = pytest.mark.skipif(not _ops.NATIVE, reason="the C++ operator is not built here")
+needs_native = pytest.mark.skipif(not _ops.NATIVE, reason="the C++ engine is not loaded here")
 
 
 def _run(script: str, **env: str) -> subprocess.CompletedProcess:
